@@ -1,0 +1,158 @@
+"""DeepSpeed ZeRO 1/2/3 with optimizer and parameter offload to none/cpu/nvme (ZeRO-Infinity)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from offloadlab.data import Batch
+from offloadlab.engines.base import DistContext, Engine, digest_tree, global_mean, lm_loss
+from offloadlab.model import build_model
+from offloadlab.spec import DeepSpeedStrategy, RunSpec
+
+CHECKPOINT_TAG = "state"
+
+
+def deepspeed_config(spec: RunSpec, strategy: DeepSpeedStrategy, world_size: int, nvme_dir: Path | None) -> dict:
+    """The DeepSpeed JSON config for a strategy: the one place its keys are spelled."""
+    zero: dict = {
+        "stage": strategy.zero_stage,
+        "contiguous_gradients": True,
+        "overlap_comm": True,
+    }
+    if strategy.offload_optimizer != "none":
+        zero["offload_optimizer"] = {
+            "device": strategy.offload_optimizer,
+            "pin_memory": strategy.pin_memory,
+            "ratio": strategy.ratio,
+            **({"nvme_path": str(nvme_dir), "buffer_count": strategy.optimizer_buffer_count}
+               if strategy.offload_optimizer == "nvme" else {}),
+        }
+    if strategy.offload_param != "none":
+        zero["offload_param"] = {
+            "device": strategy.offload_param,
+            "pin_memory": strategy.pin_memory,
+            **({"nvme_path": str(nvme_dir), "buffer_count": strategy.buffer_count,
+                "buffer_size": strategy.buffer_size, "max_in_cpu": strategy.max_in_cpu}
+               if strategy.offload_param == "nvme" else {}),
+        }
+    if strategy.zero_stage == 3:
+        zero.update(
+            stage3_max_live_parameters=strategy.stage3_max_live_parameters,
+            stage3_max_reuse_distance=strategy.stage3_max_reuse_distance,
+            stage3_prefetch_bucket_size=strategy.stage3_prefetch_bucket_size,
+            stage3_param_persistence_threshold=0,
+        )
+    return {
+        "train_micro_batch_size_per_gpu": spec.micro_batch,
+        "gradient_accumulation_steps": spec.grad_accum,
+        "train_batch_size": spec.micro_batch * spec.grad_accum * world_size,
+        "gradient_clipping": spec.grad_clip,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": spec.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": spec.weight_decay},
+        },
+        "bf16": {"enabled": spec.precision == "bf16"},
+        "zero_optimization": zero,
+        "aio": strategy.aio.model_dump(),
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedEngine(Engine):
+    def __init__(self, ctx: DistContext, engine):
+        super().__init__(ctx)
+        self.engine = engine
+
+    def train_step(self, batches: list[Batch]) -> float:
+        losses = []
+        for batch in batches:
+            with self.phase("forward"):
+                loss = lm_loss(self.engine(batch.inputs.to(self.ctx.device)), batch.targets.to(self.ctx.device))
+            with self.phase("backward"):
+                self.engine.backward(loss)
+            with self.phase("optimizer"):
+                self.engine.step()
+            losses.append(loss.item())
+        return global_mean(sum(losses) / len(losses), self.ctx)
+
+    def save(self, folder: Path, step: int) -> None:
+        self.engine.save_checkpoint(str(folder), tag=CHECKPOINT_TAG, client_state={"step": step}, save_latest=False)
+
+    def load(self, folder: Path) -> int:
+        path, client_state = self.engine.load_checkpoint(str(folder), tag=CHECKPOINT_TAG)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint under {folder}")
+        if self.engine.zero_nvme_offload_optimizer():
+            self._restore_unswapped_subgroups(folder)
+        return int(client_state["step"])
+
+    def _restore_unswapped_subgroups(self, folder: Path) -> None:
+        """Work around DeepSpeed 0.19.8 losing part of the state on restore with offload_optimizer = nvme.
+
+        Its load copies back only the NVMe swap files. A ZeRO-3 sub-group smaller than max(1 MiB, aio
+        block_size) is never swapped: its fp32 master and Adam moments live in RAM, are saved in the
+        optim_states file, and are not read back, so training resumes from the initial weights for that
+        sub-group (a tiny model, or the small last sub-group of a large one). Restore them from that file.
+        """
+        opt = self.engine.optimizer
+        in_ram = [i for i in range(len(opt.fp32_partitioned_groups_flat)) if not opt._swappable_optimizer_subgroup(i)]
+        if not in_ram:
+            return
+        saved = torch.load(self.engine._get_zero_ckpt_name(str(folder), CHECKPOINT_TAG), map_location="cpu",
+                           weights_only=False)["optimizer_state_dict"]
+        for i in in_ram:
+            fp32 = opt.fp32_partitioned_groups_flat[i]
+            fp32.data.copy_(saved["fp32_flat_groups"][i])
+            opt.optimizer.state[fp32] = {
+                k: v.clone().to(fp32.device) if torch.is_tensor(v) else v
+                for k, v in saved["optimizer_state_dict"]["state"][i].items()
+            }
+            opt._reassign_or_swap_out_partitioned_parameters(i)
+
+    def state_digest(self, scratch: Path, saved: Path | None) -> dict[str, str]:
+        # DeepSpeed's own checkpoint is the complete state (partitions, fp32 masters, NVMe swap files);
+        # a live state was saved once into scratch so both sides are read the same way.
+        if saved is None:
+            self.save(scratch, step=-1)
+            saved = scratch
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+        return digest_checkpoint_files(saved / CHECKPOINT_TAG) if self.ctx.rank == 0 else {}
+
+
+def digest_checkpoint_files(folder: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = str(path.relative_to(folder))
+        if path.suffix == ".pt":
+            state = torch.load(path, map_location="cpu", weights_only=False)
+            # The client state's step is -1 for a digest save; progress is compared separately.
+            if isinstance(state, dict):
+                state.pop("step", None)
+            digest_tree(state, rel, out)
+        else:
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return out
+
+
+def build_deepspeed(spec: RunSpec, strategy: DeepSpeedStrategy, ctx: DistContext, nvme_dir: Path | None) -> DeepSpeedEngine:
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if ctx.device.type == "cuda" else "cpu")
+    import deepspeed
+    from deepspeed.utils import logger as ds_logger
+
+    ds_logger.setLevel(logging.WARNING)
+    deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo", verbose=False)
+    config = deepspeed_config(spec, strategy, ctx.world_size, nvme_dir)
+    if strategy.zero_stage == 3:
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model = build_model(spec.model, spec.seq_len, spec.seed)
+    else:
+        model = build_model(spec.model, spec.seq_len, spec.seed)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    return DeepSpeedEngine(ctx, engine)

@@ -1,0 +1,101 @@
+"""PyTorch FSDP2: `fully_shard` on each block, then the root, optionally with CPUOffloadPolicy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from offloadlab.data import Batch
+from offloadlab.engines.base import DistContext, Engine, digest_tree, global_mean, lm_loss
+from offloadlab.model import build_model
+from offloadlab.spec import FSDP2Strategy, RunSpec
+
+PROGRESS_FILE = "progress.json"
+
+
+def apply_fsdp(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    cpu_offload: bool,
+    pin_memory: bool,
+    reshard_after_forward: bool,
+) -> None:
+    """Shard each block on its own (so one block's parameters are gathered at a time), then the root."""
+    common = dict(
+        mesh=mesh,
+        mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32),
+        offload_policy=CPUOffloadPolicy(pin_memory=pin_memory) if cpu_offload else OffloadPolicy(),
+    )
+    for block in model.blocks:
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **common)
+    # The root's parameters (embeddings, head) are needed again at once by backward: keep them gathered.
+    fully_shard(model, reshard_after_forward=False, **common)
+
+
+class FSDP2Engine(Engine):
+    def __init__(self, ctx: DistContext, model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float):
+        super().__init__(ctx)
+        self.model, self.optimizer, self.grad_clip = model, optimizer, grad_clip
+
+    def train_step(self, batches: list[Batch]) -> float:
+        losses = []
+        for i, batch in enumerate(batches):
+            # Reduce-scatter gradients only on the last micro-batch, as DeepSpeed does at the boundary.
+            self.model.set_requires_gradient_sync(i == len(batches) - 1)
+            with self.phase("forward"):
+                loss = lm_loss(self.model(batch.inputs.to(self.ctx.device)), batch.targets.to(self.ctx.device))
+            with self.phase("backward"):
+                (loss / len(batches)).backward()
+            losses.append(loss.item())
+        with self.phase("optimizer"):
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return global_mean(sum(losses) / len(losses), self.ctx)
+
+    def _state(self) -> dict:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def save(self, folder: Path, step: int) -> None:
+        dcp.save(self._state(), checkpoint_id=str(folder))
+        if self.ctx.rank == 0:
+            (folder / PROGRESS_FILE).write_text(json.dumps({"step": step}))
+
+    def load(self, folder: Path) -> int:
+        state = self._state()
+        dcp.load(state, checkpoint_id=str(folder))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        return int(json.loads((folder / PROGRESS_FILE).read_text())["step"])
+
+    def state_digest(self, scratch: Path, saved: Path | None) -> dict[str, str]:
+        # Each rank digests its own shards of the live state; the caller gathers ranks.
+        return digest_tree(self._state(), f"rank{self.ctx.rank}", {})
+
+
+def build_fsdp2(spec: RunSpec, strategy: FSDP2Strategy, ctx: DistContext) -> FSDP2Engine:
+    dist.init_process_group(backend=ctx.backend, device_id=ctx.device if ctx.device.type == "cuda" else None)
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    # Built on the CPU (same generator as DeepSpeed's build); fully_shard moves the shards to the mesh's
+    # device unless they are offloaded.
+    model = build_model(spec.model, spec.seq_len, spec.seed)
+    apply_fsdp(
+        model,
+        mesh,
+        param_dtype=torch.bfloat16 if spec.precision == "bf16" else torch.float32,
+        cpu_offload=strategy.cpu_offload,
+        pin_memory=strategy.pin_memory and ctx.device.type == "cuda",
+        reshard_after_forward=strategy.reshard_after_forward,
+    )
+    # Created after sharding, so it holds the DTensor shards rather than the full parameters.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=spec.weight_decay)
+    return FSDP2Engine(ctx, model, optimizer, spec.grad_clip)

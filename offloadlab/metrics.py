@@ -1,0 +1,80 @@
+"""Every per-step figure is computed here: memory peaks, host RSS, tokens/s and MFU.
+
+Peak GPU figures come from `torch.cuda.memory_stats()` after `reset_peak_memory_stats()` at each step's
+start, so each step reports its own peak, as torchtitan does.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+# Dense peak TFLOP/s per GPU (no sparsity) by precision, from the vendors' datasheets. MFU divides achieved
+# model FLOP/s by these; a GPU missing here reports no MFU rather than a guessed one.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200": {"bf16": 989.0, "fp32": 67.0},
+    "H100": {"bf16": 989.0, "fp32": 67.0},   # SXM; the PCIe card is 756 / 51
+    "A100": {"bf16": 312.0, "fp32": 19.5},
+    "L40S": {"bf16": 362.0, "fp32": 91.6},
+    "A10G": {"bf16": 125.0, "fp32": 31.2},
+    "RTX 4090": {"bf16": 165.2, "fp32": 82.6},
+}
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    peak_active_bytes: int | None
+
+
+def reset_device_peaks() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def device_memory() -> DeviceMemory:
+    """Peaks since the last reset; None on a machine without CUDA."""
+    if not torch.cuda.is_available():
+        return DeviceMemory(None, None, None)
+    stats = torch.cuda.memory_stats()
+    return DeviceMemory(
+        peak_allocated_bytes=stats.get("allocated_bytes.all.peak"),
+        peak_reserved_bytes=stats.get("reserved_bytes.all.peak"),
+        peak_active_bytes=stats.get("active_bytes.all.peak"),
+    )
+
+
+def host_rss_peak_bytes() -> int:
+    """This process's lifetime peak resident set (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def tokens_per_s(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    for key, table in PEAK_TFLOPS.items():
+        if key in device_name:
+            return table[precision]
+    return None
+
+
+def mfu_percent(tokens_per_s_per_gpu: float, flops_per_token: float, device_name: str, precision: str) -> float | None:
+    peak = peak_tflops(device_name, precision)
+    if peak is None:
+        return None
+    return 100.0 * tokens_per_s_per_gpu * flops_per_token / (peak * 1e12)
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def steady_state(values: list[float]) -> list[float]:
+    """Drop the first step (allocator warm-up, JIT, first swap-in) when there are enough steps left."""
+    return values[1:] if len(values) > 2 else values

@@ -1,0 +1,174 @@
+"""The models offloadlab trains: built-in GPT presets and local Hugging Face configs (random weights).
+
+Both engines get the same module tree from `build_model`: `blocks` (an nn.ModuleList) is what FSDP2 shards
+one by one and what activation checkpointing wraps. Initialisation happens inside each leaf's
+`reset_parameters`, so it runs before `deepspeed.zero.Init` partitions a leaf, and the same seed gives the same
+weights whether or not the model is built under zero.Init.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from offloadlab.spec import ModelSpec, SpecError
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    d_model: int
+    n_layers: int
+    n_heads: int
+    vocab_size: int
+    max_seq_len: int = 1024
+    mlp_ratio: int = 4
+
+    @property
+    def n_params(self) -> int:
+        d, v = self.d_model, self.vocab_size
+        per_block = 4 * d * d + 4 * d + 2 * self.mlp_ratio * d * d + (self.mlp_ratio + 1) * d + 4 * d
+        return v * d + self.max_seq_len * d + self.n_layers * per_block + 2 * d + v * d
+
+    @property
+    def largest_param_numel(self) -> int:
+        return max(self.vocab_size * self.d_model, self.mlp_ratio * self.d_model * self.d_model)
+
+
+# Presets by parameter count; shapes follow GPT-2/GPT-3 (untied embeddings, vocab padded to 50304).
+PRESETS: dict[str, GPTConfig] = {
+    "tiny": GPTConfig(d_model=64, n_layers=2, n_heads=4, vocab_size=256),
+    "small-cpu": GPTConfig(d_model=256, n_layers=4, n_heads=4, vocab_size=4096),
+    "gpt-125m": GPTConfig(d_model=768, n_layers=12, n_heads=12, vocab_size=50304),
+    "gpt-350m": GPTConfig(d_model=1024, n_layers=24, n_heads=16, vocab_size=50304),
+    "gpt-760m": GPTConfig(d_model=1536, n_layers=24, n_heads=16, vocab_size=50304),
+    "gpt-1.4b": GPTConfig(d_model=2048, n_layers=24, n_heads=16, vocab_size=50304),
+    "gpt-2.7b": GPTConfig(d_model=2560, n_layers=32, n_heads=32, vocab_size=50304),
+    "gpt-6.7b": GPTConfig(d_model=4096, n_layers=32, n_heads=32, vocab_size=50304),
+    "gpt-13b": GPTConfig(d_model=5120, n_layers=40, n_heads=40, vocab_size=50304),
+    "gpt-30b": GPTConfig(d_model=7168, n_layers=48, n_heads=56, vocab_size=50304),
+    "gpt-70b": GPTConfig(d_model=8192, n_layers=80, n_heads=64, vocab_size=50304),
+}
+
+
+def _init_normal(weight: torch.Tensor) -> None:
+    # Drawn from the CPU generator whatever the parameter's device, so a model built on the GPU under
+    # zero.Init gets the same weights as one built on the CPU for FSDP2.
+    with torch.no_grad():
+        weight.copy_(torch.empty(weight.shape, device="cpu").normal_(std=0.02))
+
+
+class Linear(nn.Linear):
+    def reset_parameters(self) -> None:
+        _init_normal(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
+class Embedding(nn.Embedding):
+    def reset_parameters(self) -> None:
+        _init_normal(self.weight)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.ln_attn = nn.LayerNorm(cfg.d_model)
+        self.qkv = Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = Linear(cfg.d_model, cfg.d_model)
+        self.ln_mlp = nn.LayerNorm(cfg.d_model)
+        self.fc = Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
+        self.fc_out = Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, d = x.shape
+        q, k, v = self.qkv(self.ln_attn(x)).view(batch, seq, 3, self.n_heads, d // self.n_heads).unbind(2)
+        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(batch, seq, d))
+        return x + self.fc_out(F.gelu(self.fc(self.ln_mlp(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = Embedding(cfg.max_seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.activation_checkpointing = False
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok_emb(tokens) + self.pos_emb(positions)
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False) if self.activation_checkpointing else block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+class HFCausalLM(nn.Module):
+    """A transformers causal LM behind the same interface: tokens in, logits out, `blocks` exposed."""
+
+    def __init__(self, config_path: Path):
+        try:
+            from transformers import AutoConfig, AutoModelForCausalLM
+        except ImportError:
+            raise SpecError("model.hf_config needs transformers: pip install transformers") from None
+        super().__init__()
+        folder = config_path.parent if config_path.name == "config.json" else config_path
+        self.inner = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+        self.blocks = _largest_module_list(self.inner)
+        self.activation_checkpointing = False
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.inner(input_ids=tokens, use_cache=False).logits
+
+
+def _largest_module_list(module: nn.Module) -> nn.ModuleList:
+    lists = [m for m in module.modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        raise SpecError(f"{type(module).__name__} has no nn.ModuleList of blocks to shard")
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+
+
+def gpt_config(spec: ModelSpec, seq_len: int) -> GPTConfig:
+    """The GPT shape for a spec: a preset with any explicit fields overriding it."""
+    base = PRESETS.get(spec.preset) if spec.preset else None
+    if spec.preset and base is None:
+        raise SpecError(f"model.preset {spec.preset!r} is unknown; presets: {', '.join(PRESETS)}")
+    fields = {k: getattr(spec, k) for k in ("d_model", "n_layers", "n_heads", "vocab_size") if getattr(spec, k)}
+    merged = {**(base.__dict__ if base else {}), **fields, "max_seq_len": seq_len}
+    cfg = GPTConfig(**merged)
+    if cfg.d_model % cfg.n_heads:
+        raise SpecError(f"model.d_model = {cfg.d_model} must be divisible by model.n_heads = {cfg.n_heads}")
+    return cfg
+
+
+def build_model(spec: ModelSpec, seq_len: int, seed: int) -> nn.Module:
+    """Build on the current default device; under zero.Init each leaf is partitioned once built."""
+    torch.manual_seed(seed)
+    model = HFCausalLM(spec.hf_config) if spec.hf_config else GPT(gpt_config(spec, seq_len))
+    model.activation_checkpointing = spec.activation_checkpointing
+    return model
+
+
+def flops_per_token(n_params: int, n_layers: int, d_model: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N for the dense matmuls plus 12*L*d*s for attention (PaLM appendix B)."""
+    return 6.0 * n_params + 12.0 * n_layers * d_model * seq_len
+
+
+def model_numbers(model: nn.Module) -> tuple[int, int, int]:
+    """(parameters, layers, hidden size) of a built model, counting ZeRO-3 partitioned params at full size."""
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None:
+        return n_params, cfg.n_layers, cfg.d_model
+    inner = model.inner.config
+    return n_params, len(model.blocks), int(getattr(inner, "hidden_size", getattr(inner, "n_embd", 0)))
+

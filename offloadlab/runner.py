@@ -1,0 +1,198 @@
+"""`offloadlab run`: each strategy in its own torchrun job, so a crash or OOM in one is that strategy's result.
+
+The parent owns the run directory and the per-strategy NVMe folders it creates under the spec's nvme_path;
+it removes those folders, checkpoints and scratch space when a strategy ends, fails or is interrupted, and
+never deletes anything it did not create.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomli_w
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from offloadlab.spec import RunSpec, SpecError
+from offloadlab.store import RunStore
+
+NVME_PREFIX = "offloadlab-"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How torchrun starts each strategy; several hosts use torchrun's own rendezvous."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int = 29500
+
+    def torchrun_args(self, nproc: int) -> list[str]:
+        if self.nnodes == 1 and self.master_addr is None:
+            return ["--standalone", f"--nproc-per-node={nproc}"]
+        return [
+            f"--nnodes={self.nnodes}",
+            f"--node-rank={self.node_rank}",
+            f"--nproc-per-node={nproc}",
+            f"--master-addr={self.master_addr or '127.0.0.1'}",
+            f"--master-port={self.master_port}",
+        ]
+
+
+def spec_toml(spec: RunSpec) -> str:
+    """The spec as resolved (absolute paths, defaults filled in): what the workers and the store read."""
+    return tomli_w.dumps(spec.model_dump(mode="json", exclude_none=True))
+
+
+def preflight_nvme(spec: RunSpec) -> None:
+    if not any(s.uses_nvme for s in spec.strategy):
+        return
+    path = spec.nvme_path
+    if not path.is_dir():
+        raise SpecError(f"nvme_path {path} does not exist: create it on the NVMe drive or point nvme_path elsewhere")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SpecError(f"nvme_path {path} is not writable by this user: choose a folder you own")
+
+
+def new_run_dir(spec: RunSpec, out: Path | None) -> Path:
+    run_dir = out or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise SpecError(f"run directory {run_dir} exists and is not empty: pass another --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir.resolve()
+
+
+@dataclass
+class StrategyJob:
+    name: str
+    strategy_id: int
+    nvme_dir: Path | None
+    log: Path
+    proc: subprocess.Popen | None = None
+    created: list[Path] = field(default_factory=list)
+
+
+class Runner:
+    def __init__(self, spec: RunSpec, run_dir: Path, launch: Launch, console: Console, keep_checkpoints: bool = False):
+        self.spec, self.run_dir, self.launch, self.console = spec, run_dir, launch, console
+        self.keep_checkpoints = keep_checkpoints
+        self.store = RunStore(run_dir, create_schema=True)
+        self.run_id = self.store.add_run(spec.name, spec_toml(spec))
+        (run_dir / "spec.toml").write_text(spec_toml(spec))
+        (run_dir / "logs").mkdir(exist_ok=True)
+        self.jobs = [self._job(s) for s in spec.strategy]
+
+    def _job(self, strategy) -> StrategyJob:
+        config = strategy.model_dump(mode="json")
+        strategy_id = self.store.add_strategy(self.run_id, strategy.name, strategy.engine, config, self.spec.steps)
+        nvme_dir = self.spec.nvme_path / f"{NVME_PREFIX}{self.run_dir.name}-{strategy.name}" if strategy.uses_nvme else None
+        return StrategyJob(strategy.name, strategy_id, nvme_dir, self.run_dir / "logs" / f"{strategy.name}.log")
+
+    def run(self) -> None:
+        try:
+            with Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TimeRemainingColumn(), console=self.console,
+            ) as progress:
+                for job in self.jobs:
+                    self._run_strategy(job, progress)
+            self.store.set_run_status(self.run_id, "done")
+        except KeyboardInterrupt:
+            self.store.set_run_status(self.run_id, "interrupted")
+            for job in self.jobs:
+                self._stop(job)
+                if self.store.strategy(job.strategy_id)["status"] in ("pending", "running"):
+                    self.store.set_strategy_status(job.strategy_id, "failed", "interrupted by the user")
+                self._clean(job)
+            raise
+
+    def _run_strategy(self, job: StrategyJob, progress: Progress) -> None:
+        task = progress.add_task(f"{job.name:<18}", total=self.spec.steps)
+        self.store.set_strategy_status(job.strategy_id, "running")
+        if job.nvme_dir is not None:
+            job.nvme_dir.mkdir()
+            job.created.append(job.nvme_dir)
+        try:
+            rc = self._launch(job, "train", progress, task)
+            if rc != 0 and self.store.strategy(job.strategy_id)["status"] == "running":
+                self.store.set_strategy_status(job.strategy_id, *self._exit_reason(rc, job.log))
+            elif rc == 0:
+                if self.spec.verify_checkpoint:
+                    progress.update(task, description=f"{job.name:<18} (verifying checkpoint)")
+                    rc = self._launch(job, "verify", progress, None)
+                    if rc != 0 and self.store.strategy(job.strategy_id)["checkpoint_verified"] is None:
+                        self.store.set_checkpoint_result(job.strategy_id, False, self._exit_reason(rc, job.log)[1])
+                self.store.set_strategy_status(job.strategy_id, "done")
+        finally:
+            self._clean(job)
+        row = self.store.strategy(job.strategy_id)
+        label = {"done": "[green]done[/]", "does_not_fit": "[yellow]does not fit[/]"}.get(row["status"], "[red]failed[/]")
+        progress.update(task, description=f"{job.name:<18} {label}")
+        if row["reason"]:
+            self.console.print(f"  {job.name}: {row['reason']} (log: {job.log})")
+
+    def _launch(self, job: StrategyJob, mode: str, progress: Progress, task) -> int:
+        cmd = [sys.executable, "-m", "torch.distributed.run", *self.launch.torchrun_args(self.spec.nproc),
+               "-m", "offloadlab.worker", "--run-dir", str(self.run_dir), "--strategy", job.name, "--mode", mode]
+        if job.nvme_dir is not None:
+            cmd += ["--nvme-dir", str(job.nvme_dir)]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(job.log, "a") as log:
+            log.write(f"$ {' '.join(cmd)}\n")
+            log.flush()
+            # A session of its own, so Ctrl-C reaches the parent first and the parent stops the job whole.
+            job.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            while job.proc.poll() is None:
+                if task is not None:
+                    progress.update(task, completed=self._steps_done(job))
+                time.sleep(0.3)
+        if task is not None:
+            progress.update(task, completed=self._steps_done(job))
+        rc, job.proc = job.proc.returncode, None
+        return rc
+
+    def _steps_done(self, job: StrategyJob) -> int:
+        row = self.store.conn.execute(
+            "SELECT MAX(step) FROM steps WHERE strategy_id = ? AND rank = 0 AND phase = 'train'", (job.strategy_id,)
+        ).fetchone()
+        return row[0] or 0
+
+    @staticmethod
+    def _exit_reason(rc: int, log: Path) -> tuple[str, str]:
+        if rc in (-signal.SIGKILL, 128 + signal.SIGKILL, 137):
+            return "does_not_fit", "killed by SIGKILL, most likely the host ran out of memory"
+        tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] if log.exists() else []
+        return "failed", f"exited with code {rc}: {tail[0][:300] if tail else 'no output'}"
+
+    def _stop(self, job: StrategyJob) -> None:
+        if job.proc is None or job.proc.poll() is not None:
+            return
+        os.killpg(job.proc.pid, signal.SIGTERM)
+        try:
+            job.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+            job.proc.wait()
+
+    def _clean(self, job: StrategyJob) -> None:
+        for path in job.created:
+            shutil.rmtree(path, ignore_errors=True)
+        job.created.clear()
+        shutil.rmtree(self.run_dir / "scratch" / job.name, ignore_errors=True)
+        if not self.keep_checkpoints:
+            shutil.rmtree(self.run_dir / "checkpoints" / job.name, ignore_errors=True)
+
+
+def run_spec(spec: RunSpec, out: Path | None, launch: Launch, console: Console, keep_checkpoints: bool = False) -> Path:
+    preflight_nvme(spec)
+    run_dir = new_run_dir(spec, out)
+    Runner(spec, run_dir, launch, console, keep_checkpoints).run()
+    return run_dir

@@ -1,0 +1,235 @@
+"""Run spec: the typed, validated description of one comparison run, loaded from TOML.
+
+Everything downstream (plan, engine adapters, trainer) reads these models, never raw dicts.
+Unknown keys and bad values raise `SpecError` with the key's path, before any work starts.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+import typing
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class SpecError(ValueError):
+    """A run spec that cannot be used; the message names the key and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+
+class ModelSpec(_Strict):
+    preset: str | None = None
+    """A built-in GPT preset name (see `offloadlab.model.PRESETS`), e.g. "tiny" or "gpt-1.4b"."""
+    hf_config: Path | None = None
+    """A local Hugging Face `config.json` (or its folder); built with random weights, needs transformers."""
+    d_model: int | None = Field(default=None, gt=0)
+    """Override or define the hidden size."""
+    n_layers: int | None = Field(default=None, gt=0)
+    n_heads: int | None = Field(default=None, gt=0)
+    vocab_size: int | None = Field(default=None, gt=0)
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward (applied the same way for both engines)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSpec":
+        explicit = all(v is not None for v in (self.d_model, self.n_layers, self.n_heads, self.vocab_size))
+        if self.preset is None and self.hf_config is None and not explicit:
+            raise ValueError("set model.preset, model.hf_config, or all of d_model/n_layers/n_heads/vocab_size")
+        if self.preset is not None and self.hf_config is not None:
+            raise ValueError("set only one of model.preset and model.hf_config")
+        return self
+
+
+class DataSpec(_Strict):
+    kind: Literal["synthetic", "tokens", "text"] = "synthetic"
+    """synthetic: seeded random tokens; tokens: a .npy or raw int32/uint16 file; text: UTF-8 bytes as tokens."""
+    path: Path | None = None
+    """The file for kind = "tokens" or "text"."""
+    token_dtype: Literal["int32", "uint16"] = "int32"
+    """Element type of a raw (non-.npy) token file."""
+
+    @model_validator(mode="after")
+    def _path_needed(self) -> "DataSpec":
+        if self.kind != "synthetic" and self.path is None:
+            raise ValueError(f'data.kind = "{self.kind}" needs data.path')
+        if self.path is not None and not self.path.is_file():
+            raise ValueError(f"data.path {self.path} is not a file")
+        return self
+
+
+OffloadDevice = Literal["none", "cpu", "nvme"]
+
+
+class AioSpec(_Strict):
+    """DeepSpeed's `aio` section, under the keys DeepSpeed 0.19.8 reads (see swap_tensor/aio_config.py)."""
+
+    block_size: int = Field(default=1048576, gt=0)
+    queue_depth: int = Field(default=8, gt=0)
+    intra_op_parallelism: int = Field(default=1, gt=0)
+    single_submit: bool = False
+    overlap_events: bool = True
+
+
+class DeepSpeedStrategy(_Strict):
+    name: str
+    engine: Literal["deepspeed"]
+    zero_stage: Literal[1, 2, 3] = 3
+    offload_optimizer: OffloadDevice = "none"
+    offload_param: OffloadDevice = "none"
+    """Parameter offload exists only at ZeRO stage 3."""
+    pin_memory: bool = True
+    buffer_count: int = Field(default=5, gt=0)
+    """Parameter swap buffers (offload_param = "nvme")."""
+    buffer_size: int = Field(default=100_000_000, gt=0)
+    """Elements per parameter swap buffer; must hold the largest parameter."""
+    max_in_cpu: int = Field(default=1_000_000_000, ge=0)
+    """Parameter elements kept in CPU memory when offload_param = "nvme"."""
+    optimizer_buffer_count: int = Field(default=4, gt=0)
+    ratio: float = Field(default=1.0, gt=0, le=1)
+    """Share of optimizer states offloaded (DeepSpeed's partial offload)."""
+    stage3_max_live_parameters: int = Field(default=1_000_000_000, gt=0)
+    stage3_max_reuse_distance: int = Field(default=1_000_000_000, gt=0)
+    stage3_prefetch_bucket_size: int = Field(default=50_000_000, gt=0)
+    aio: AioSpec = AioSpec()
+
+    @model_validator(mode="after")
+    def _placement(self) -> "DeepSpeedStrategy":
+        if self.offload_param != "none" and self.zero_stage != 3:
+            raise ValueError(f"offload_param = {self.offload_param!r} needs zero_stage = 3")
+        if self.offload_optimizer == "nvme" and self.zero_stage != 3:
+            raise ValueError('offload_optimizer = "nvme" needs zero_stage = 3')
+        return self
+
+    @property
+    def uses_nvme(self) -> bool:
+        return "nvme" in (self.offload_optimizer, self.offload_param)
+
+
+class FSDP2Strategy(_Strict):
+    name: str
+    engine: Literal["fsdp2"]
+    cpu_offload: bool = False
+    """Wrap with CPUOffloadPolicy: parameters, gradients and optimizer step live on the CPU."""
+    pin_memory: bool = True
+    reshard_after_forward: bool = True
+
+    @property
+    def uses_nvme(self) -> bool:
+        return False
+
+
+Strategy = Annotated[Union[DeepSpeedStrategy, FSDP2Strategy], Field(discriminator="engine")]
+
+
+class RunSpec(_Strict):
+    name: str = "run"
+    seed: int = 0
+    steps: int = Field(default=6, gt=0)
+    seq_len: int = Field(default=64, gt=0)
+    micro_batch: int = Field(default=2, gt=0)
+    grad_accum: int = Field(default=1, gt=0)
+    """Micro-batches per optimizer step per rank; effective batch = micro_batch * grad_accum * nproc."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    nproc: int = Field(default=1, gt=0)
+    """Processes (GPUs) per strategy; > 1 launches through torchrun."""
+    lr: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    checkpoint_step: int = Field(default=0, ge=0)
+    """Save after this step and verify the restore in a fresh process; 0 picks steps // 2, -1 is not allowed."""
+    verify_checkpoint: bool = True
+    nvme_path: Path | None = None
+    """Where NVMe strategies swap; offloadlab makes (and removes) its own subfolder there."""
+    model: ModelSpec
+    data: DataSpec = DataSpec()
+    strategy: list[Strategy] = Field(min_length=1)
+    """The strategies to compare, each a [[strategy]] table."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RunSpec":
+        names = [s.name for s in self.strategy]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"strategy names must be unique: {', '.join(dupes)}")
+        if any(s.uses_nvme for s in self.strategy) and self.nvme_path is None:
+            raise ValueError("a strategy offloads to nvme: set nvme_path to a folder on the NVMe drive")
+        if self.verify_checkpoint and self.steps < 2:
+            raise ValueError("verify_checkpoint needs steps >= 2 (save at step k, compare step k+1)")
+        if self.checkpoint_step >= self.steps:
+            raise ValueError(f"checkpoint_step = {self.checkpoint_step} must be below steps = {self.steps}")
+        return self
+
+    @property
+    def save_step(self) -> int:
+        return self.checkpoint_step or max(1, self.steps // 2)
+
+    @property
+    def effective_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.nproc
+
+    def get_strategy(self, name: str) -> DeepSpeedStrategy | FSDP2Strategy:
+        for s in self.strategy:
+            if s.name == name:
+                return s
+        raise SpecError(f"no strategy named {name!r}; the spec has {', '.join(s.name for s in self.strategy)}")
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """The pydantic models inside an annotation such as list[Annotated[Union[A, B], ...]]."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    """The field names valid where an unknown key was found, to suggest the nearest."""
+    models: list[type[BaseModel]] = [RunSpec]
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        models = [m for model in models if part in model.model_fields for m in _models_in(model.model_fields[part].annotation)]
+    return sorted({name for model in models for name in model.model_fields})
+
+
+# Keys other tools write that DeepSpeed 0.19.8 silently ignores; say what it reads instead.
+_READ_INSTEAD = {"num_threads": "intra_op_parallelism"}
+
+
+def _format(err: ValidationError, source: str) -> str:
+    lines = [f"invalid run spec {source}:"]
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if p not in ("deepspeed", "fsdp2"))
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            nearest = [_READ_INSTEAD[loc[-1]]] if loc[-1] in _READ_INSTEAD else []
+            nearest = nearest or difflib.get_close_matches(str(loc[-1]), _allowed_keys(loc), n=1)
+            hint = f" (did you mean {nearest[0]!r}?)" if nearest else ""
+            lines.append(f"  {key}: unknown key{hint}")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_spec(raw: dict, source: str = "<dict>") -> RunSpec:
+    try:
+        return RunSpec.model_validate(raw)
+    except ValidationError as err:
+        raise SpecError(_format(err, source)) from None
+
+
+def load_spec(path: Path) -> RunSpec:
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"run spec {path} does not exist; shipped examples are in configs/")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"run spec {path} is not valid TOML: {err}") from None
+    return parse_spec(raw, str(path))

@@ -1,0 +1,210 @@
+"""The run store: one SQLite database per run directory, in WAL mode so readers follow a live run.
+
+Writers are the `run` parent (runs, strategies) and each strategy's ranks (steps, events, samples); every
+connection waits on locks instead of failing, so ranks can write side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+DB_NAME = "offloadlab.sqlite"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    spec_toml TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    status TEXT NOT NULL DEFAULT 'running'
+);
+CREATE TABLE IF NOT EXISTS strategies (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    name TEXT NOT NULL,
+    engine TEXT NOT NULL,
+    config_json TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',      -- pending, running, done, failed, does_not_fit
+    reason TEXT,
+    steps_planned INTEGER NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    checkpoint_verified INTEGER,                  -- NULL: not checked, 0/1: result
+    checkpoint_detail TEXT,
+    UNIQUE (run_id, name)
+);
+CREATE TABLE IF NOT EXISTS steps (
+    strategy_id INTEGER NOT NULL REFERENCES strategies(id),
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    phase TEXT NOT NULL DEFAULT 'train',          -- train, or restored for the step run after a restore
+    loss REAL NOT NULL,
+    t_start REAL NOT NULL,
+    t_end REAL NOT NULL,
+    tokens_per_s REAL NOT NULL,
+    peak_allocated_bytes INTEGER,
+    peak_reserved_bytes INTEGER,
+    peak_active_bytes INTEGER,
+    host_rss_peak_bytes INTEGER NOT NULL,
+    disk_read_bytes INTEGER NOT NULL,             -- this rank's block-layer I/O during the step (/proc/pid/io)
+    disk_write_bytes INTEGER NOT NULL,
+    PRIMARY KEY (strategy_id, rank, step, phase)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    strategy_id INTEGER REFERENCES strategies(id),
+    rank INTEGER,
+    step INTEGER,
+    kind TEXT NOT NULL,
+    t_start REAL NOT NULL,
+    t_end REAL,
+    detail TEXT
+);
+CREATE TABLE IF NOT EXISTS samples (
+    strategy_id INTEGER REFERENCES strategies(id),
+    t REAL NOT NULL,
+    source TEXT NOT NULL,
+    metric TEXT NOT NULL,
+    value REAL
+);
+CREATE INDEX IF NOT EXISTS samples_by_strategy ON samples (strategy_id, metric, t);
+"""
+
+
+def connect(run_dir: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(Path(run_dir) / DB_NAME, timeout=30.0, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA busy_timeout=30000")
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def create(run_dir: Path) -> sqlite3.Connection:
+    conn = connect(run_dir)
+    conn.executescript(SCHEMA)
+    return conn
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    loss: float
+    t_start: float
+    t_end: float
+    tokens_per_s: float
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    peak_active_bytes: int | None
+    host_rss_peak_bytes: int
+    disk_read_bytes: int
+    disk_write_bytes: int
+    phase: str = "train"
+
+    @property
+    def step_time_s(self) -> float:
+        return self.t_end - self.t_start
+
+
+class RunStore:
+    """Typed writes and reads over one run directory's database."""
+
+    def __init__(self, run_dir: Path, create_schema: bool = False):
+        self.run_dir = Path(run_dir)
+        if not create_schema and not (self.run_dir / DB_NAME).is_file():
+            raise FileNotFoundError(f"{self.run_dir} holds no {DB_NAME}: not an offloadlab run directory")
+        self.conn = create(self.run_dir) if create_schema else connect(self.run_dir)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- writes ---------------------------------------------------------------------------------------
+    def add_run(self, name: str, spec_toml: str) -> int:
+        cur = self.conn.execute("INSERT INTO runs (name, spec_toml, created_at) VALUES (?, ?, ?)", (name, spec_toml, time.time()))
+        return cur.lastrowid
+
+    def add_strategy(self, run_id: int, name: str, engine: str, config: dict, steps_planned: int) -> int:
+        cur = self.conn.execute(
+            "INSERT INTO strategies (run_id, name, engine, config_json, steps_planned) VALUES (?, ?, ?, ?, ?)",
+            (run_id, name, engine, json.dumps(config), steps_planned),
+        )
+        return cur.lastrowid
+
+    def set_run_status(self, run_id: int, status: str) -> None:
+        self.conn.execute("UPDATE runs SET status = ? WHERE id = ?", (status, run_id))
+
+    def set_strategy_status(self, strategy_id: int, status: str, reason: str | None = None) -> None:
+        now = time.time()
+        if status == "running":
+            self.conn.execute("UPDATE strategies SET status = ?, started_at = ? WHERE id = ?", (status, now, strategy_id))
+        else:
+            self.conn.execute(
+                "UPDATE strategies SET status = ?, reason = ?, finished_at = ? WHERE id = ?", (status, reason, now, strategy_id)
+            )
+
+    def set_checkpoint_result(self, strategy_id: int, verified: bool, detail: str) -> None:
+        self.conn.execute(
+            "UPDATE strategies SET checkpoint_verified = ?, checkpoint_detail = ? WHERE id = ?", (int(verified), detail, strategy_id)
+        )
+
+    def add_step(self, strategy_id: int, rank: int, rec: StepRecord) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (strategy_id, rank, rec.step, rec.phase, rec.loss, rec.t_start, rec.t_end, rec.tokens_per_s,
+             rec.peak_allocated_bytes, rec.peak_reserved_bytes, rec.peak_active_bytes, rec.host_rss_peak_bytes,
+             rec.disk_read_bytes, rec.disk_write_bytes),
+        )
+
+    def add_events(self, strategy_id: int, rank: int, events: list[tuple[int | None, str, float, float | None, str | None]]) -> None:
+        """Many (step, kind, t_start, t_end, detail) rows in one transaction."""
+        with self.conn:
+            self.conn.executemany(
+                "INSERT INTO events (strategy_id, rank, step, kind, t_start, t_end, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(strategy_id, rank, *e) for e in events],
+            )
+
+    def add_samples(self, strategy_id: int | None, rows: list[tuple[float, str, str, float | None]]) -> None:
+        """Many (t, source, metric, value) rows in one transaction."""
+        with self.conn:
+            self.conn.executemany(
+                "INSERT INTO samples (strategy_id, t, source, metric, value) VALUES (?, ?, ?, ?, ?)",
+                [(strategy_id, *r) for r in rows],
+            )
+
+    # -- reads ----------------------------------------------------------------------------------------
+    def run(self) -> sqlite3.Row:
+        row = self.conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+        if row is None:
+            raise LookupError(f"{self.run_dir}: the run store holds no run yet")
+        return row
+
+    def strategies(self, run_id: int) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM strategies WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
+
+    def strategy(self, strategy_id: int) -> sqlite3.Row:
+        return self.conn.execute("SELECT * FROM strategies WHERE id = ?", (strategy_id,)).fetchone()
+
+    def strategy_id(self, run_id: int, name: str) -> int:
+        row = self.conn.execute("SELECT id FROM strategies WHERE run_id = ? AND name = ?", (run_id, name)).fetchone()
+        if row is None:
+            raise LookupError(f"run {run_id} has no strategy {name!r}")
+        return row["id"]
+
+    def steps(self, strategy_id: int, rank: int | None = 0, phase: str = "train") -> list[StepRecord]:
+        query = "SELECT * FROM steps WHERE strategy_id = ? AND phase = ?"
+        args: tuple = (strategy_id, phase)
+        if rank is not None:
+            query += " AND rank = ?"
+            args += (rank,)
+        rows = self.conn.execute(query + " ORDER BY step, rank", args).fetchall()
+        return [StepRecord(**{k: r[k] for k in r.keys() if k not in ("strategy_id", "rank")}) for r in rows]
+
+    def events(self, strategy_id: int, kind: str | None = None) -> list[sqlite3.Row]:
+        if kind is None:
+            return self.conn.execute("SELECT * FROM events WHERE strategy_id = ? ORDER BY t_start", (strategy_id,)).fetchall()
+        return self.conn.execute(
+            "SELECT * FROM events WHERE strategy_id = ? AND kind = ? ORDER BY t_start", (strategy_id, kind)
+        ).fetchall()

@@ -1,0 +1,77 @@
+"""The training loop of one strategy on one rank: steps, per-step figures, phase events, the checkpoint."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import torch
+
+from offloadlab import metrics
+from offloadlab.checkpoint import save_atomic
+from offloadlab.data import TokenSource
+from offloadlab.engines.base import Engine
+from offloadlab.spec import RunSpec
+from offloadlab.store import RunStore, StepRecord
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    first: int
+    last: int
+    phase: str = "train"
+
+
+def _process_io() -> tuple[int, int]:
+    io = psutil.Process().io_counters()
+    return io.read_bytes, io.write_bytes
+
+
+def run_steps(
+    engine: Engine,
+    spec: RunSpec,
+    source: TokenSource,
+    store: RunStore,
+    strategy_id: int,
+    window: StepWindow,
+    checkpoint_root: Path | None = None,
+) -> list[StepRecord]:
+    """Train steps window.first..window.last (1-based, inclusive); save after spec.save_step if asked."""
+    ctx = engine.ctx
+    tokens_per_step = spec.effective_batch * spec.seq_len
+    records = []
+    for step in range(window.first, window.last + 1):
+        batches = source.micro_batches(step - 1, ctx.rank, ctx.world_size, spec.micro_batch, spec.grad_accum)
+        metrics.reset_device_peaks()
+        read_before, written_before = _process_io()
+        t_start = time.time()
+        loss = engine.train_step(batches)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        t_end = time.time()
+        read_after, written_after = _process_io()
+        memory = engine.memory_stats()
+        record = StepRecord(
+            step=step,
+            loss=loss,
+            t_start=t_start,
+            t_end=t_end,
+            tokens_per_s=metrics.tokens_per_s(tokens_per_step, t_end - t_start),
+            peak_allocated_bytes=memory.peak_allocated_bytes,
+            peak_reserved_bytes=memory.peak_reserved_bytes,
+            peak_active_bytes=memory.peak_active_bytes,
+            host_rss_peak_bytes=metrics.host_rss_peak_bytes(),
+            disk_read_bytes=read_after - read_before,
+            disk_write_bytes=written_after - written_before,
+            phase=window.phase,
+        )
+        store.add_step(strategy_id, ctx.rank, record)
+        store.add_events(strategy_id, ctx.rank, [(step, kind, t0, t1, None) for kind, t0, t1 in engine.phase.drain()])
+        records.append(record)
+        if checkpoint_root is not None and step == spec.save_step:
+            t0 = time.time()
+            save_atomic(engine, checkpoint_root, step)
+            store.add_events(strategy_id, ctx.rank, [(step, "checkpoint_save", t0, time.time(), str(checkpoint_root))])
+    return records

@@ -1,0 +1,118 @@
+"""Entry point of one strategy's process (one per rank, started by torchrun from `offloadlab run`).
+
+    python -m offloadlab.worker --run-dir D --strategy NAME --mode train|verify [--nvme-dir P]
+
+train: train every step, save after the spec's save step. verify: in a fresh process, restore that
+checkpoint, compare the full state with what was saved, train the next step and compare its loss with the
+uninterrupted run's. A failure is classified (does not fit / failed) and written to the run store before
+the process exits non-zero, so the parent and the other strategies go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import sys
+import tomllib
+import traceback
+from pathlib import Path
+
+from offloadlab.checkpoint import restore_and_check
+from offloadlab.data import TokenSource
+from offloadlab.engines import DistContext, build_engine
+from offloadlab.model import gpt_config
+from offloadlab.spec import RunSpec, parse_spec
+from offloadlab.store import RunStore
+from offloadlab.trainer import StepWindow, run_steps
+
+# Two losses of the same step agree to this relative tolerance after a restore (float reductions may be
+# reordered by a rebuilt engine; a wrong restore moves the loss by far more).
+LOSS_RTOL = 1e-5
+
+
+def classify_failure(exc: BaseException) -> tuple[str, str]:
+    """(status, reason) for the run store: 'does_not_fit' when memory, buffers or disk ran out."""
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
+    if isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) or "DefaultCPUAllocator" in str(exc):
+        return "does_not_fit", f"host RAM exhausted: {text}"
+    if "out of memory" in str(exc).lower():
+        return "does_not_fit", f"GPU memory exhausted: {text}"
+    if "Not enough buffers" in str(exc):
+        return "does_not_fit", f"NVMe swap buffers too few ({text}); raise buffer_count or lower stage3_max_live_parameters"
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return "does_not_fit", f"disk full: {text}"
+    return "failed", text
+
+
+def vocab_size(spec: RunSpec) -> int:
+    if spec.model.hf_config is not None:
+        from transformers import AutoConfig
+
+        folder = spec.model.hf_config.parent if spec.model.hf_config.name == "config.json" else spec.model.hf_config
+        return AutoConfig.from_pretrained(folder).vocab_size
+    return gpt_config(spec.model, spec.seq_len).vocab_size
+
+
+def checkpoint_root(run_dir: Path, strategy: str) -> Path:
+    return run_dir / "checkpoints" / strategy
+
+
+def _train(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
+    engine = build_engine(spec, strategy, ctx, nvme_dir)
+    source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
+    root = checkpoint_root(run_dir, strategy.name) if spec.verify_checkpoint else None
+    run_steps(engine, spec, source, store, strategy_id, StepWindow(1, spec.steps), checkpoint_root=root)
+    engine.close()
+
+
+def _verify(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
+    engine = build_engine(spec, strategy, ctx, nvme_dir)
+    source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
+    root = checkpoint_root(run_dir, strategy.name)
+    check = restore_and_check(engine, root, scratch=run_dir / "scratch" / strategy.name)
+    next_step = check.step + 1
+    (restored,) = run_steps(engine, spec, source, store, strategy_id, StepWindow(next_step, next_step, phase="restored"))
+    engine.close()
+    if ctx.rank != 0:
+        return
+    uninterrupted = {r.step: r.loss for r in store.steps(strategy_id)}[next_step]
+    loss_ok = abs(restored.loss - uninterrupted) <= LOSS_RTOL * max(1.0, abs(uninterrupted))
+    parts = [
+        f"step {check.step} restored (saved after {check.saved_step})",
+        f"{check.tensors_compared - len(check.mismatched)}/{check.tensors_compared} state entries equal",
+        f"step {next_step} loss {restored.loss:.6f} vs uninterrupted {uninterrupted:.6f}",
+    ]
+    if check.mismatched:
+        parts.append("differing: " + ", ".join(check.mismatched[:5]) + (" ..." if len(check.mismatched) > 5 else ""))
+    store.set_checkpoint_result(strategy_id, check.ok and loss_ok, "; ".join(parts))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m offloadlab.worker")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--strategy", required=True)
+    parser.add_argument("--mode", choices=("train", "verify"), required=True)
+    parser.add_argument("--nvme-dir", type=Path)
+    args = parser.parse_args(argv)
+
+    store = RunStore(args.run_dir)
+    run = store.run()
+    spec = parse_spec(tomllib.loads(run["spec_toml"]), f"{args.run_dir}/spec")
+    strategy = spec.get_strategy(args.strategy)
+    strategy_id = store.strategy_id(run["id"], strategy.name)
+    ctx = DistContext.from_env()
+    try:
+        (_train if args.mode == "train" else _verify)(spec, strategy, ctx, store, strategy_id, args.run_dir, args.nvme_dir)
+    except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then re-raised as an exit code
+        status, reason = classify_failure(exc)
+        if args.mode == "verify":
+            store.set_checkpoint_result(strategy_id, False, f"restore failed: {reason}")
+        else:
+            store.set_strategy_status(strategy_id, status, reason)
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
