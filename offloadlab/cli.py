@@ -69,3 +69,7 @@ def compare(run_dir: Path, as_json: bool) -> None:
         click.echo(json.dumps([s.as_dict() for s in summaries], indent=2))
     else:
         console.print(compare_table(run_dir, summaries))
+
+
+if __name__ == "__main__":
+    main()

@@ -167,10 +167,14 @@ class Runner:
 
     @staticmethod
     def _exit_reason(rc: int, log: Path) -> tuple[str, str]:
-        if rc in (-signal.SIGKILL, 128 + signal.SIGKILL, 137):
-            return "does_not_fit", "killed by SIGKILL, most likely the host ran out of memory"
-        tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] if log.exists() else []
-        return "failed", f"exited with code {rc}: {tail[0][:300] if tail else 'no output'}"
+        """Why a job ended without recording a result itself (it was killed, or crashed before the store)."""
+        text = log.read_text(errors="replace") if log.exists() else ""
+        latest = text[text.rfind("\n$ ") + 1:]  # this launch's output only; the log holds train and verify
+        # torchrun exits 1 when a rank dies; it names the signal in its summary.
+        if rc in (-signal.SIGKILL, 128 + signal.SIGKILL) or "SIGKILL" in latest or "exitcode  : -9" in latest:
+            return "does_not_fit", "killed by SIGKILL, most likely by the kernel's OOM killer (host RAM)"
+        lines = [line for line in latest.splitlines() if line.strip() and not line.startswith("$ ")]
+        return "failed", f"exited with code {rc}: {lines[-1][:300] if lines else 'no output'}"
 
     def _stop(self, job: StrategyJob) -> None:
         if job.proc is None or job.proc.poll() is not None:

@@ -1,0 +1,170 @@
+"""`offloadlab run` end to end: real tiny training steps through DeepSpeed (CPU accelerator) and FSDP2 (gloo)."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO, cli, write_spec
+from offloadlab.compare import summarize
+from offloadlab.store import RunStore
+
+STRATEGIES = [
+    dict(name="zero2-cpu", engine="deepspeed", zero_stage=2, offload_optimizer="cpu"),
+    dict(name="zero3-nvme", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
+         buffer_count=5, buffer_size=1_000_000),
+    dict(name="fsdp2", engine="fsdp2"),
+    dict(name="fsdp2-cpu-offload", engine="fsdp2", cpu_offload=True),
+]
+
+
+@pytest.fixture(scope="session")
+def world1(tmp_path_factory, nvme_root) -> Path:
+    folder = tmp_path_factory.mktemp("world1")
+    spec = write_spec(folder, STRATEGIES, nvme_path=str(nvme_root))
+    cli("run", str(spec), "--out", str(folder / "run"))
+    return folder / "run"
+
+
+@pytest.fixture(scope="session")
+def world2(tmp_path_factory, nvme_root) -> Path:
+    """The same effective batch over two gloo ranks: grad_accum halves as nproc doubles."""
+    folder = tmp_path_factory.mktemp("world2")
+    strategies = [STRATEGIES[1], STRATEGIES[3]]
+    spec = write_spec(folder, strategies, nvme_path=str(nvme_root), nproc=2, grad_accum=1)
+    cli("run", str(spec), "--out", str(folder / "run"))
+    return folder / "run"
+
+
+def _losses(run_dir: Path) -> dict[str, list[float]]:
+    store = RunStore(run_dir)
+    run = store.run()
+    return {row["name"]: [r.loss for r in store.steps(row["id"])] for row in store.strategies(run["id"])}
+
+
+def test_every_strategy_trains_and_restores_exactly(world1):
+    summaries = {s.name: s for s in summarize(RunStore(world1))}
+    assert set(summaries) == {s["name"] for s in STRATEGIES}
+    for s in summaries.values():
+        assert s.status == "done", (s.name, s.reason)
+        assert s.steps_done == 4
+        assert s.checkpoint_verified is True, (s.name, s.checkpoint_detail)
+        assert "loss" in s.checkpoint_detail and "state entries equal" in s.checkpoint_detail
+
+
+def test_same_init_and_data_give_the_same_first_loss_in_both_engines(world1):
+    losses = _losses(world1)
+    first = [v[0] for v in losses.values()]
+    assert max(first) - min(first) < 1e-5, losses
+    # Untrained, the model is near uniform over the 256-token vocabulary: loss close to ln(256).
+    assert abs(first[0] - math.log(256)) < 0.1
+    for name, values in losses.items():
+        assert values[-1] < values[0], f"{name} did not learn: {values}"
+
+
+def test_steps_and_phase_events_are_recorded(world1):
+    store = RunStore(world1)
+    run = store.run()
+    for row in store.strategies(run["id"]):
+        steps = store.steps(row["id"])
+        assert [r.step for r in steps] == [1, 2, 3, 4]
+        assert all(r.t_end > r.t_start and r.tokens_per_s > 0 and r.host_rss_peak_bytes > 0 for r in steps)
+        kinds = {e["kind"] for e in store.events(row["id"])}
+        assert {"forward", "backward", "optimizer", "checkpoint_save"} <= kinds
+        # Two micro-batches per step: two forward spans inside each step's wall time.
+        step2 = steps[1]
+        forwards = [e for e in store.events(row["id"], "forward") if e["step"] == 2]
+        assert len(forwards) == 2
+        assert all(step2.t_start <= e["t_start"] <= e["t_end"] <= step2.t_end for e in forwards)
+        restored = store.steps(row["id"], phase="restored")
+        assert [r.step for r in restored] == [3]
+
+
+def test_nothing_is_left_under_the_nvme_path_or_in_checkpoints(world1, nvme_root):
+    assert not any(p.name.startswith(f"offloadlab-{world1.name}") for p in nvme_root.iterdir())
+    assert not any((world1 / "checkpoints").iterdir()) if (world1 / "checkpoints").exists() else True
+
+
+def test_compare_prints_the_table_and_json(world1):
+    table = cli("compare", str(world1)).stdout
+    for name in ("zero2-cpu", "zero3-nvme", "fsdp2-cpu-offload", "verified", "step (s)", "tokens/s"):
+        assert name in table
+    rows = json.loads(cli("compare", str(world1), "--json").stdout)
+    assert {r["name"] for r in rows} == {s["name"] for s in STRATEGIES}
+    assert all(r["median_step_time_s"] > 0 for r in rows)
+
+
+def test_two_ranks_over_gloo_match_one_rank_with_twice_the_accumulation(world1, world2):
+    one, two = _losses(world1), _losses(world2)
+    summaries = {s.name: s for s in summarize(RunStore(world2))}
+    for name in two:
+        assert summaries[name].status == "done", summaries[name].reason
+        assert summaries[name].checkpoint_verified is True, summaries[name].checkpoint_detail
+        # Same samples per step, split over ranks instead of micro-batches: same losses up to reduction order.
+        assert two[name] == pytest.approx(one[name], rel=1e-4), name
+    store = RunStore(world2)
+    strategy_id = store.strategies(store.run()["id"])[0]["id"]
+    assert {r for r in (row["rank"] for row in store.conn.execute("SELECT rank FROM steps WHERE strategy_id = ?", (strategy_id,)))} == {0, 1}
+
+
+def test_a_killed_strategy_is_recorded_and_the_others_go_on(tmp_path, nvme_root):
+    """SIGKILL is what the kernel's OOM killer sends: the run records it and runs the next strategy."""
+    strategies = [dict(name="victim", engine="fsdp2"), dict(name="survivor", engine="fsdp2")]
+    spec = write_spec(tmp_path, strategies, steps=400, verify_checkpoint=False)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "offloadlab.cli", "run", str(spec), "--out", str(run_dir)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    victim = _wait_for_worker(proc, run_dir)
+    victim.send_signal(signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    summaries = {s.name: s for s in summarize(RunStore(run_dir))}
+    assert summaries["victim"].status == "does_not_fit"
+    assert "SIGKILL" in summaries["victim"].reason
+    assert summaries["survivor"].status == "done" and summaries["survivor"].steps_done == 400
+
+
+def test_ctrl_c_stops_the_job_and_removes_what_the_run_created(tmp_path, nvme_root):
+    bystander = nvme_root / "not-ours.bin"
+    bystander.write_bytes(b"user data")
+    strategies = [STRATEGIES[1] | {"name": "interrupted"}]
+    spec = write_spec(tmp_path, strategies, steps=2000, nvme_path=str(nvme_root))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "offloadlab.cli", "run", str(spec), "--out", str(run_dir)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    worker = _wait_for_worker(proc, run_dir)
+    assert any(p.name.startswith("offloadlab-run-interrupted") for p in nvme_root.iterdir())
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+    assert not any(p.name.startswith("offloadlab-run-interrupted") for p in nvme_root.iterdir())
+    assert bystander.read_bytes() == b"user data"
+    store = RunStore(run_dir)
+    assert store.run()["status"] == "interrupted"
+    assert store.strategies(store.run()["id"])[0]["reason"] == "interrupted by the user"
+
+
+def _wait_for_worker(proc: subprocess.Popen, run_dir: Path, timeout: float = 300) -> psutil.Process:
+    """The worker process of the first strategy, once it has trained a step."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        if (run_dir / "offloadlab.sqlite").exists():
+            store = RunStore(run_dir)
+            if store.conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0] > 0:
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    if "offloadlab.worker" in " ".join(child.cmdline()) and "torch.distributed.run" not in " ".join(child.cmdline()):
+                        return child
+            store.close()
+        time.sleep(0.2)
+    raise AssertionError("the first strategy never trained a step")
