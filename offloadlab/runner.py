@@ -20,6 +20,7 @@ import tomli_w
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from offloadlab.preflight import preflight_run
 from offloadlab.spec import RunSpec, SpecError
 from offloadlab.store import RunStore
 
@@ -50,16 +51,6 @@ class Launch:
 def spec_toml(spec: RunSpec) -> str:
     """The spec as resolved (absolute paths, defaults filled in): what the workers and the store read."""
     return tomli_w.dumps(spec.model_dump(mode="json", exclude_none=True))
-
-
-def preflight_nvme(spec: RunSpec) -> None:
-    if not any(s.uses_nvme for s in spec.strategy):
-        return
-    path = spec.nvme_path
-    if not path.is_dir():
-        raise SpecError(f"nvme_path {path} does not exist: create it on the NVMe drive or point nvme_path elsewhere")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise SpecError(f"nvme_path {path} is not writable by this user: choose a folder you own")
 
 
 def new_run_dir(spec: RunSpec, out: Path | None) -> Path:
@@ -196,7 +187,7 @@ class Runner:
 
 
 def run_spec(spec: RunSpec, out: Path | None, launch: Launch, console: Console, keep_checkpoints: bool = False) -> Path:
-    preflight_nvme(spec)
+    preflight_run(spec)
     run_dir = new_run_dir(spec, out)
     Runner(spec, run_dir, launch, console, keep_checkpoints).run()
     return run_dir

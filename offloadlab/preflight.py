@@ -1,0 +1,136 @@
+"""Checks that run before any work, each failing with a `PreflightError` that names the fix."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import psutil
+
+from offloadlab.spec import DeepSpeedStrategy, RunSpec, SpecError
+
+# DeepSpeed's O_DIRECT transfers are aligned to this (AIO_ALIGNED_BYTES in swap_tensor/utils.py).
+DIRECT_IO_ALIGNMENT = 4096
+# Bytes per parameter DeepSpeed keeps in the NVMe swap folder: fp32 master, Adam m and v, fp32 gradient.
+OPTIMIZER_SWAP_BYTES_PER_PARAM = 16
+
+
+class PreflightError(SpecError):
+    """The machine or a path cannot do what was asked; the message says how to fix it."""
+
+
+def filesystem_type(path: Path) -> str:
+    """The mount's filesystem type for `path` (the longest mount point that contains it)."""
+    path = path.resolve()
+    best, fstype = "", "unknown"
+    for part in psutil.disk_partitions(all=True):
+        mount = part.mountpoint
+        if (str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
+            best, fstype = mount, part.fstype
+    return fstype
+
+
+def check_directory(path: Path, role: str) -> None:
+    if not path.exists():
+        raise PreflightError(f"{role} {path} does not exist: create it on the drive to use, or pass another path")
+    if not path.is_dir():
+        raise PreflightError(f"{role} {path} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PreflightError(f"{role} {path} is not writable by this user: choose a folder you own, or fix its permissions")
+
+
+def check_direct_io(path: Path, role: str) -> None:
+    """Write and read one aligned block with O_DIRECT, as DeepSpeed's aio does; remove the probe file."""
+    fstype = filesystem_type(path)
+    if fstype in ("tmpfs", "ramfs"):
+        raise PreflightError(
+            f"{role} {path} is on {fstype}, which is RAM and has no O_DIRECT: point it at a folder on the NVMe drive"
+        )
+    probe = path / f".offloadlab-odirect-{uuid.uuid4().hex}"
+    buf = mmap.mmap(-1, DIRECT_IO_ALIGNMENT)  # page-aligned, as O_DIRECT requires
+    buf.write(b"\xa5" * DIRECT_IO_ALIGNMENT)
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_DIRECT, 0o600)
+        try:
+            os.pwritev(fd, [buf], 0)
+            os.preadv(fd, [buf], 0)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise PreflightError(
+            f"{role} {path} ({fstype}) does not support O_DIRECT ({err.strerror}): use a folder on a local ext4/xfs NVMe drive"
+        ) from None
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def check_free_disk(path: Path, needed_bytes: int, role: str) -> None:
+    free = shutil.disk_usage(path).free
+    if free < needed_bytes:
+        raise PreflightError(
+            f"{role} {path} has {free / 2**30:.1f} GiB free, {needed_bytes / 2**30:.1f} GiB needed: free space or use a larger drive"
+        )
+
+
+def check_libaio() -> None:
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if _has_cuda() else "cpu")
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    if not AsyncIOBuilder().is_compatible(verbose=False):
+        raise PreflightError(
+            "DeepSpeed's async_io op cannot be built: libaio is missing. Install it "
+            "(Debian/Ubuntu: apt-get install libaio-dev; RHEL: dnf install libaio-devel), then retry"
+        )
+
+
+def check_buffer_fits_largest_param(strategy: DeepSpeedStrategy, largest_param_numel: int) -> None:
+    if strategy.offload_param == "nvme" and strategy.buffer_size < largest_param_numel:
+        raise PreflightError(
+            f"strategy {strategy.name}: buffer_size = {strategy.buffer_size:,} elements is smaller than the largest "
+            f"parameter ({largest_param_numel:,} elements, usually the embedding): set buffer_size >= {largest_param_numel}"
+        )
+
+
+def check_gpu_present(what: str) -> None:
+    if not _has_cuda():
+        raise PreflightError(f"{what} needs a CUDA GPU and none is visible (torch.cuda.is_available() is False)")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def nvme_bytes_needed(strategy: DeepSpeedStrategy, n_params: int, param_bytes: int) -> int:
+    """Swap-folder bytes a strategy needs on one host (its ranks' partitions add up to the whole model)."""
+    total = 0
+    if strategy.offload_param == "nvme":
+        total += n_params * param_bytes
+    if strategy.offload_optimizer == "nvme":
+        total += n_params * OPTIMIZER_SWAP_BYTES_PER_PARAM
+    return total
+
+
+def preflight_run(spec: RunSpec) -> None:
+    """Everything `offloadlab run` can check before it starts a process."""
+    from offloadlab.model import gpt_config
+
+    shape = gpt_config(spec.model, spec.seq_len) if spec.model.hf_config is None else None
+    nvme = [s for s in spec.strategy if isinstance(s, DeepSpeedStrategy) and s.uses_nvme]
+    if not nvme:
+        return
+    check_directory(spec.nvme_path, "nvme_path")
+    check_direct_io(spec.nvme_path, "nvme_path")
+    check_libaio()
+    if shape is None:
+        return
+    param_bytes = 2 if spec.precision == "bf16" else 4
+    for strategy in nvme:
+        check_buffer_fits_largest_param(strategy, shape.largest_param_numel)
+        # Strategies run one after another and each folder is removed after: the largest one must fit.
+        check_free_disk(spec.nvme_path, int(1.1 * nvme_bytes_needed(strategy, shape.n_params, param_bytes)),
+                        "nvme_path")

@@ -1,0 +1,66 @@
+"""Run specs: shipped configs load; bad ones fail before any work with a message naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, cli, write_spec
+from offloadlab.spec import SpecError, load_spec, parse_spec
+
+BASE = dict(model=dict(preset="tiny"), strategy=[dict(name="a", engine="fsdp2")])
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    spec = load_spec(path)
+    assert spec.strategy
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(stepz=3), "stepz: unknown key (did you mean 'steps'?)"),
+        (dict(strategy=[dict(name="a", engine="deepspeed", zero_stag=2)]), "strategy.0.zero_stag: unknown key (did you mean 'zero_stage'?)"),
+        (dict(strategy=[dict(name="a", engine="deepspeed", aio=dict(num_threads=4))]),
+         "strategy.0.aio.num_threads: unknown key (did you mean 'intra_op_parallelism'?)"),
+        (dict(strategy=[dict(name="a", engine="deepspeed", zero_stage=2, offload_param="cpu")]),
+         "offload_param = 'cpu' needs zero_stage = 3"),
+        (dict(strategy=[dict(name="a", engine="deepspeed", zero_stage=3, offload_optimizer="nvme")]),
+         "a strategy offloads to nvme: set nvme_path"),
+        (dict(strategy=[dict(name="a", engine="dsp")]), "does not match any of the expected tags: 'deepspeed', 'fsdp2'"),
+        (dict(strategy=[dict(name="a", engine="fsdp2"), dict(name="a", engine="fsdp2")]), "strategy names must be unique: a"),
+        (dict(precision="fp16"), "precision: Input should be 'fp32' or 'bf16'"),
+        (dict(steps=0), "steps: Input should be greater than 0"),
+        (dict(model=dict()), "set model.preset, model.hf_config, or all of"),
+        (dict(data=dict(kind="tokens")), 'data.kind = "tokens" needs data.path'),
+        (dict(checkpoint_step=9, steps=4), "checkpoint_step = 9 must be below steps = 4"),
+    ],
+)
+def test_bad_specs_are_rejected_with_the_key_named(change, message):
+    with pytest.raises(SpecError) as err:
+        parse_spec({**BASE, **change})
+    assert message in str(err.value)
+
+
+def test_unknown_preset_lists_the_presets(tmp_path):
+    spec = write_spec(tmp_path, [dict(name="a", engine="fsdp2")], model=dict(preset="gpt-9t"))
+    proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
+    assert proc.returncode == 2
+    assert "model.preset 'gpt-9t' is unknown; presets: tiny" in proc.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_reports_spec_errors_before_any_work(tmp_path):
+    spec = write_spec(tmp_path, [dict(name="a", engine="deepspeed", zero_stage=3, offload_optimizer="nvme")],
+                      nvme_path=str(tmp_path / "missing"))
+    proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
+    assert proc.returncode == 2
+    assert f"nvme_path {tmp_path / 'missing'} does not exist" in proc.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_spec_file_names_the_examples(tmp_path):
+    with pytest.raises(SpecError, match="does not exist; shipped examples are in configs/"):
+        load_spec(Path(tmp_path / "nope.toml"))
