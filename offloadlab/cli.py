@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -20,9 +22,15 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _sigterm_as_interrupt(signum, frame) -> None:
+    # A SIGTERM (a scheduler's kill, `timeout`) cleans up the same way Ctrl-C does.
+    raise KeyboardInterrupt
+
+
 @click.group()
 def main() -> None:
     """Fit, tune and compare DeepSpeed ZeRO-Infinity and FSDP2 offload on the same model."""
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
 
 
 @main.command()
@@ -69,6 +77,96 @@ def compare(run_dir: Path, as_json: bool) -> None:
         click.echo(json.dumps([s.as_dict() for s in summaries], indent=2))
     else:
         console.print(compare_table(run_dir, summaries))
+
+
+@main.command()
+@click.option("--nvme", "nvme_path", required=True, type=click.Path(path_type=Path), help="A folder on the drive to tune.")
+@click.option("--quick", is_flag=True, help="A sweep under a minute (smaller files, fewer repeats).")
+@click.option("--workload", type=click.Choice(["param", "optimizer", "both"]), default="both", show_default=True,
+              help="What will be offloaded: sets the read/write weight of the objective.")
+@click.option("--spec", "spec_path", type=click.Path(path_type=Path), help="Also size the swap buffers for this spec's model.")
+@click.option("--verify", is_flag=True, help="With --spec: run its NVMe strategies for 2 real steps with the result.")
+@click.option("--out", type=click.Path(path_type=Path), help="Where to write the fragment and store (default runs/tune-<time>).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, verify: bool, out: Path | None,
+         as_json: bool) -> None:
+    """Measure DeepSpeed aio settings on NVME and write the fastest as a config fragment."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from offloadlab.store import RunStore
+    from offloadlab.swap_buffers import plan_swap_buffers
+    from offloadlab.tune import Tuner, TuneSettings
+    from offloadlab.tune_output import plan_table, points_table, store_rows, summary_table, write_fragments
+
+    if verify and spec_path is None:
+        _fail("--verify needs --spec SPEC: the spec whose NVMe strategies are run with the tuned settings")
+    settings = TuneSettings.for_mode(quick)
+    try:
+        spec = load_spec(spec_path) if spec_path else None
+        nvme_strategy = _nvme_param_strategy(spec) if spec else None
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=not sys.stdout.isatty()) as progress:
+            task = progress.add_task("preflight", total=None)
+
+            def on_progress(stage, point_result, done, expected):
+                label = point_result.point.label() if point_result else ""
+                progress.update(task, description=f"{stage:<9} {label}", completed=done, total=expected)
+
+            result = Tuner(nvme_path, workload, settings, on_progress).run()
+    except SpecError as err:
+        _fail(str(err))
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: the tuning files were removed[/]")
+        sys.exit(130)
+    plan = plan_swap_buffers(spec, nvme_strategy, result.best.point.intra_op_parallelism) if nvme_strategy else None
+    out_dir = out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    toml_path, json_path = write_fragments(result, plan, out_dir)
+    store = RunStore(out_dir, create_schema=True)
+    run_id = store.add_run("tune", toml_path.read_text())
+    store.add_tune_points(run_id, store_rows(result))
+    store.set_run_status(run_id, "done")
+    if as_json:
+        click.echo(json.dumps({"fragment": str(toml_path), "best": result.best.point.as_config(),
+                               "read_gbps": result.best.read_gbps, "write_gbps": result.best.write_gbps,
+                               "seconds": result.seconds, "points": store_rows(result)}, indent=2))
+    else:
+        console.print(points_table(result))
+        console.print(summary_table(result))
+        if plan:
+            console.print(plan_table(plan))
+        console.print(f"fragment: {toml_path} (DeepSpeed JSON: {json_path}); run store: {out_dir}")
+    if verify:
+        _verify_tuned(spec_path, toml_path, nvme_path, out_dir)
+
+
+def _nvme_param_strategy(spec):
+    from offloadlab.spec import DeepSpeedStrategy
+
+    for strategy in spec.strategy:
+        if isinstance(strategy, DeepSpeedStrategy) and strategy.offload_param == "nvme":
+            return strategy
+    _fail(f"--spec: no strategy of {spec.name!r} has offload_param = \"nvme\"; swap buffers only matter there")
+
+
+def _verify_tuned(spec_path: Path, fragment: Path, nvme_path: Path, out_dir: Path) -> None:
+    """Two real steps of the spec's NVMe strategies with the tuned fragment included."""
+    import tomllib
+
+    from offloadlab.compare import compare_table, summarize
+    from offloadlab.runner import Launch, run_spec
+    from offloadlab.spec import apply_tuned, parse_spec
+    from offloadlab.store import RunStore
+
+    raw = tomllib.loads(spec_path.read_text())
+    raw.update(steps=2, verify_checkpoint=False, nvme_path=str(nvme_path.resolve()), name="tune-verify")
+    raw["strategy"] = [apply_tuned(s | {"tuned": fragment.name}, fragment.parent) for s in raw["strategy"]
+                       if s.get("engine") == "deepspeed" and "nvme" in (s.get("offload_param"), s.get("offload_optimizer"))]
+    run_dir = run_spec(parse_spec(raw, f"{spec_path} (tuned)"), out_dir / "verify", Launch(), console)
+    summaries = summarize(RunStore(run_dir))
+    console.print(compare_table(run_dir, summaries))
+    if any(s.status != "done" for s in summaries):
+        _fail("the tuned settings did not train: see the table above")
 
 
 if __name__ == "__main__":

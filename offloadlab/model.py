@@ -57,7 +57,9 @@ PRESETS: dict[str, GPTConfig] = {
 
 def _init_normal(weight: torch.Tensor) -> None:
     # Drawn from the CPU generator whatever the parameter's device, so a model built on the GPU under
-    # zero.Init gets the same weights as one built on the CPU for FSDP2.
+    # zero.Init gets the same weights as one built on the CPU for FSDP2. A meta model (sizing) has no values.
+    if weight.is_meta:
+        return
     with torch.no_grad():
         weight.copy_(torch.empty(weight.shape, device="cpu").normal_(std=0.02))
 

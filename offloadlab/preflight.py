@@ -134,3 +134,35 @@ def preflight_run(spec: RunSpec) -> None:
         # Strategies run one after another and each folder is removed after: the largest one must fit.
         check_free_disk(spec.nvme_path, int(1.1 * nvme_bytes_needed(strategy, shape.n_params, param_bytes)),
                         "nvme_path")
+
+
+def check_pinned_memory(pinned_bytes: int) -> None:
+    """Page-locked buffers need RAM that is free now and, without CAP_IPC_LOCK, a high enough `ulimit -l`."""
+    import resource
+
+    available = psutil.virtual_memory().available
+    if pinned_bytes > 0.8 * available:
+        raise PreflightError(
+            f"{pinned_bytes / 2**30:.1f} GiB of pinned buffers asked for, {available / 2**30:.1f} GiB of RAM available: "
+            "lower buffer_count/buffer_size (or io size) or free memory"
+        )
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if os.geteuid() != 0 and soft != resource.RLIM_INFINITY and pinned_bytes > soft:
+        raise PreflightError(
+            f"ulimit -l is {soft // 1024} KiB but {pinned_bytes // 1024} KiB must be page-locked: raise it "
+            "(ulimit -l unlimited, or memlock in /etc/security/limits.conf) and start a new shell"
+        )
+
+
+def check_aio_contexts(events_needed: int, proc_sys: Path = Path("/proc/sys/fs")) -> None:
+    """Each aio handle thread reserves queue_depth events out of the kernel-wide fs.aio-max-nr."""
+    try:
+        limit = int((proc_sys / "aio-max-nr").read_text())
+        used = int((proc_sys / "aio-nr").read_text())
+    except OSError:
+        return  # not Linux, or /proc hidden: libaio itself will report a shortage
+    if limit - used < events_needed:
+        raise PreflightError(
+            f"fs.aio-max-nr leaves {limit - used} aio events free, {events_needed} needed: "
+            f"raise it with 'sysctl -w fs.aio-max-nr={max(limit * 2, used + events_needed * 2)}'"
+        )

@@ -224,12 +224,39 @@ def parse_spec(raw: dict, source: str = "<dict>") -> RunSpec:
         raise SpecError(_format(err, source)) from None
 
 
+def _read_toml(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise SpecError(f"{what} {path} does not exist")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{what} {path} is not valid TOML: {err}") from None
+
+
+def apply_tuned(strategy: dict, base: Path) -> dict:
+    """Merge a `tuned = "file.toml"` fragment from `offloadlab tune` into a strategy table.
+
+    The fragment's [aio] becomes the strategy's aio and its [swap_buffers] fill buffer fields; keys the
+    strategy sets itself win.
+    """
+    if "tuned" not in strategy:
+        return strategy
+    strategy = dict(strategy)
+    path = base / strategy.pop("tuned")
+    fragment = _read_toml(path, f"strategy {strategy.get('name')!r}: tuned fragment")
+    unknown = set(fragment) - {"aio", "swap_buffers", "measured"}
+    if unknown:
+        raise SpecError(f"tuned fragment {path}: unknown table(s) {', '.join(sorted(unknown))}")
+    merged = {**fragment.get("swap_buffers", {}), **strategy}
+    merged["aio"] = {**fragment.get("aio", {}), **strategy.get("aio", {})}
+    return merged
+
+
 def load_spec(path: Path) -> RunSpec:
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"run spec {path} does not exist; shipped examples are in configs/")
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError(f"run spec {path} is not valid TOML: {err}") from None
+    raw = _read_toml(path, "run spec")
+    if isinstance(raw.get("strategy"), list):
+        raw["strategy"] = [apply_tuned(s, path.parent) if isinstance(s, dict) else s for s in raw["strategy"]]
     return parse_spec(raw, str(path))

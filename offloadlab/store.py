@@ -71,6 +71,23 @@ CREATE TABLE IF NOT EXISTS samples (
     metric TEXT NOT NULL,
     value REAL
 );
+CREATE TABLE IF NOT EXISTS tune_points (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL,                          -- coarse, refine N
+    block_size INTEGER NOT NULL,
+    queue_depth INTEGER NOT NULL,
+    intra_op_parallelism INTEGER NOT NULL,
+    single_submit INTEGER NOT NULL,
+    overlap_events INTEGER NOT NULL,
+    read_gbps REAL NOT NULL,
+    read_spread REAL NOT NULL,                    -- (max - min) / mean over repeats
+    write_gbps REAL NOT NULL,
+    write_spread REAL NOT NULL,
+    repeats INTEGER NOT NULL,
+    score_gbps REAL NOT NULL,
+    is_best INTEGER NOT NULL,
+    is_deepspeed_default INTEGER NOT NULL
+);
 CREATE INDEX IF NOT EXISTS samples_by_strategy ON samples (strategy_id, metric, t);
 """
 
@@ -174,6 +191,15 @@ class RunStore:
                 [(strategy_id, *r) for r in rows],
             )
 
+    def add_tune_points(self, run_id: int, rows: list[dict]) -> None:
+        with self.conn:
+            self.conn.executemany(
+                "INSERT INTO tune_points VALUES (:run_id, :stage, :block_size, :queue_depth, :intra_op_parallelism, "
+                ":single_submit, :overlap_events, :read_gbps, :read_spread, :write_gbps, :write_spread, :repeats, "
+                ":score_gbps, :is_best, :is_deepspeed_default)",
+                [{"run_id": run_id, **r} for r in rows],
+            )
+
     # -- reads ----------------------------------------------------------------------------------------
     def run(self) -> sqlite3.Row:
         row = self.conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
@@ -201,6 +227,9 @@ class RunStore:
             args += (rank,)
         rows = self.conn.execute(query + " ORDER BY step, rank", args).fetchall()
         return [StepRecord(**{k: r[k] for k in r.keys() if k not in ("strategy_id", "rank")}) for r in rows]
+
+    def tune_points(self, run_id: int) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM tune_points WHERE run_id = ? ORDER BY score_gbps DESC", (run_id,)).fetchall()
 
     def events(self, strategy_id: int, kind: str | None = None) -> list[sqlite3.Row]:
         if kind is None:

@@ -1,0 +1,118 @@
+"""What `tune` leaves behind: the config fragment run specs include, its DeepSpeed JSON twin, the run-store
+rows the TUI reads, and the tables it prints."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import tomli_w
+from rich.table import Table
+
+from offloadlab.aio_bench import Throughput
+from offloadlab.swap_buffers import SwapBufferPlan
+from offloadlab.tune import PointResult, TuneResult, mixed_score
+
+FRAGMENT_TOML = "tuned.toml"
+FRAGMENT_JSON = "tuned_deepspeed.json"
+
+
+def fragment(result: TuneResult, plan: SwapBufferPlan | None) -> dict:
+    best = result.best
+    out = {
+        "measured": {
+            "path": str(result.path),
+            "workload": result.workload,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "read_gbps": round(best.read_gbps, 3),
+            "write_gbps": round(best.write_gbps, 3),
+            "deepspeed_default_read_gbps": round(result.default.read_gbps, 3),
+            "deepspeed_default_write_gbps": round(result.default.write_gbps, 3),
+        },
+        "aio": best.point.as_config(),
+    }
+    if plan is not None:
+        out["swap_buffers"] = plan.as_strategy_fields()
+    return out
+
+
+def deepspeed_fragment(result: TuneResult, plan: SwapBufferPlan | None) -> dict:
+    """The same settings under DeepSpeed's own JSON keys, to merge into a hand-written config."""
+    out: dict = {"aio": result.best.point.as_config()}
+    if plan is not None:
+        out["zero_optimization"] = {
+            "offload_param": {"buffer_size": plan.buffer_size, "buffer_count": plan.buffer_count},
+            "stage3_max_live_parameters": plan.stage3_max_live_parameters,
+            "stage3_max_reuse_distance": plan.stage3_max_reuse_distance,
+        }
+    return out
+
+
+def write_fragments(result: TuneResult, plan: SwapBufferPlan | None, out_dir: Path) -> tuple[Path, Path]:
+    toml_path, json_path = out_dir / FRAGMENT_TOML, out_dir / FRAGMENT_JSON
+    toml_path.write_text(
+        "# Written by offloadlab tune. Include it from a run spec's strategy: tuned = \"" + FRAGMENT_TOML + "\"\n"
+        + tomli_w.dumps(fragment(result, plan))
+    )
+    json_path.write_text(json.dumps(deepspeed_fragment(result, plan), indent=2) + "\n")
+    return toml_path, json_path
+
+
+def store_rows(result: TuneResult) -> list[dict]:
+    return [
+        {
+            "stage": r.stage, **{k: int(v) if isinstance(v, bool) else v for k, v in r.point.as_config().items()},
+            "read_gbps": r.read_gbps, "read_spread": r.read_spread, "write_gbps": r.write_gbps,
+            "write_spread": r.write_spread, "repeats": len(r.samples), "score_gbps": r.score(result.read_share),
+            "is_best": int(r is result.best), "is_deepspeed_default": int(r is result.default),
+        }
+        for r in result.results
+    ]
+
+
+def _row(label: str, read: float, write: float, read_share: float, spreads: tuple[float, float] | None = None) -> list[str]:
+    rs, ws = spreads or (None, None)
+    fmt = lambda v, s: f"{v:.2f}" + (f" ±{100 * s / 2:.0f}%" if s else "")  # noqa: E731 - local formatter
+    return [label, fmt(read, rs), fmt(write, ws), f"{mixed_score(read, write, read_share):.2f}"]
+
+
+def points_table(result: TuneResult, top: int = 10) -> Table:
+    table = Table(title=f"aio points, best {top} of {len(result.results)} (GB/s, mean ± half spread)", header_style="bold")
+    for col in ("point", "read", "write", "score", "repeats", "stage"):
+        table.add_column(col, justify="left" if col in ("point", "stage") else "right")
+    for r in result.results[:top]:
+        style = "bold green" if r is result.best else ("cyan" if r is result.default else "")
+        table.add_row(*_row(r.point.label(), r.read_gbps, r.write_gbps, result.read_share, (r.read_spread, r.write_spread)),
+                      str(len(r.samples)), r.stage, style=style)
+    return table
+
+
+def summary_table(result: TuneResult) -> Table:
+    table = Table(title=f"tune {result.path}: workload {result.workload} (read share {result.read_share:.2f}), "
+                        f"{result.measurements} measurements in {result.seconds:.1f} s", header_style="bold")
+    for col in ("setting", "read GB/s", "write GB/s", "score GB/s", "vs default"):
+        table.add_column(col, justify="left" if col == "setting" else "right")
+    default_score = result.default.score(result.read_share)
+
+    def add(label: str, t: PointResult | Throughput, style: str = "") -> None:
+        row = _row(label, t.read_gbps, t.write_gbps, result.read_share)
+        table.add_row(*row, f"{mixed_score(t.read_gbps, t.write_gbps, result.read_share) / default_score:.2f}x", style=style)
+
+    add(f"best: {result.best.point.label()}", result.best, "bold green")
+    add(f"DeepSpeed default: {result.default.point.label()}", result.default)
+    add("plain O_DIRECT, 1 MiB sequential, 1 thread", result.direct_io)
+    return table
+
+
+def plan_table(plan: SwapBufferPlan) -> Table:
+    table = Table(title="parameter swap buffers (offload_param = nvme)", header_style="bold")
+    table.add_column("setting")
+    table.add_column("value", justify="right")
+    table.add_column("why")
+    table.add_row("buffer_size", f"{plan.buffer_size:,}", f"largest parameter {plan.largest_param_numel:,} elements, aligned")
+    table.add_row("buffer_count", str(plan.buffer_count), f"parameters live at once (of {plan.swapped_params} swapped) + 2")
+    table.add_row("stage3_max_live_parameters", f"{plan.stage3_max_live_parameters:,}", "about four blocks")
+    table.add_row("stage3_max_reuse_distance", f"{plan.stage3_max_reuse_distance:,}", "same window")
+    table.add_row("pinned RAM", f"{plan.pinned_bytes / 2**30:.2f} GiB", "buffer_size x buffer_count x element size")
+    return table

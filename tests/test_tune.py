@@ -1,0 +1,162 @@
+"""`offloadlab tune`: real aio reads and writes through DeepSpeed's handle under a temp dir."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
+
+from conftest import REPO, cli, write_spec
+from offloadlab.aio_bench import DEEPSPEED_DEFAULT, AioPoint, check_io_size
+from offloadlab.engines.deepspeed_engine import deepspeed_config
+from offloadlab.preflight import PreflightError, check_aio_contexts, check_pinned_memory
+from offloadlab.spec import load_spec
+from offloadlab.swap_buffers import max_params_in_window, plan_swap_buffers
+from offloadlab.tune import WORK_PREFIX, Tuner, TuneSettings, mixed_score, neighbours
+
+NVME_STRATEGY = dict(name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
+                     buffer_size=1_000_000)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """One real quick sweep through the CLI, with the swap buffers sized for a spec."""
+    nvme = tmp_path_factory.mktemp("drive")
+    (nvme / "users-file.bin").write_bytes(b"keep me")
+    out = tmp_path_factory.mktemp("tune-out")
+    spec = write_spec(out, [NVME_STRATEGY], nvme_path=str(nvme))
+    proc = cli("tune", "--nvme", str(nvme), "--quick", "--out", str(out / "result"), "--spec", str(spec), "--json")
+    return nvme, out / "result", json.loads(proc.stdout[proc.stdout.index("{"):])
+
+
+def test_sweep_measures_points_and_finds_one_at_least_as_good_as_the_default(tuned):
+    _, _, result = tuned
+    points = result["points"]
+    assert len(points) >= 19  # the coarse grid (18) and the default, then refinement
+    assert all(p["read_gbps"] > 0 and p["write_gbps"] > 0 for p in points)
+    best = next(p for p in points if p["is_best"])
+    default = next(p for p in points if p["is_deepspeed_default"])
+    assert best["score_gbps"] >= default["score_gbps"]
+    assert best["score_gbps"] == max(p["score_gbps"] for p in points)
+    assert default["repeats"] >= 2 and best["repeats"] >= 2
+    assert result["seconds"] < 60
+
+
+def test_only_the_tools_own_files_were_made_and_they_are_gone(tuned):
+    nvme, _, _ = tuned
+    assert [p.name for p in nvme.iterdir()] == ["users-file.bin"]
+    assert (nvme / "users-file.bin").read_bytes() == b"keep me"
+
+
+def test_deepspeed_reads_the_emitted_json_as_chosen(tuned):
+    _, out, result = tuned
+    emitted = json.loads((out / "tuned_deepspeed.json").read_text())
+    parsed = get_aio_config(emitted)
+    for key, value in result["best"].items():
+        assert parsed[key] == value, key
+    assert isinstance(parsed["single_submit"], bool) and isinstance(parsed["overlap_events"], bool)
+    # ds_nvme_tune's key: DeepSpeed ignores it and keeps one thread.
+    assert get_aio_config({"aio": {"num_threads": 8}})["intra_op_parallelism"] == 1
+
+
+def test_a_run_spec_including_the_fragment_hands_deepspeed_the_tuned_values(tuned, tmp_path):
+    nvme, out, result = tuned
+    strategy = {k: v for k, v in NVME_STRATEGY.items() if k != "buffer_size"}
+    spec_path = write_spec(tmp_path, [strategy | {"tuned": str(out / "tuned.toml"), "buffer_count": 7}],
+                           nvme_path=str(nvme))
+    spec = load_spec(spec_path)
+    config = deepspeed_config(spec, spec.strategy[0], world_size=1, nvme_dir=nvme)
+    parsed = get_aio_config(config)
+    assert parsed["intra_op_parallelism"] == result["best"]["intra_op_parallelism"]
+    assert parsed["block_size"] == result["best"]["block_size"]
+    # The fragment sized the buffers; a key the strategy sets itself wins.
+    assert config["zero_optimization"]["offload_param"]["buffer_size"] == 16384
+    assert config["zero_optimization"]["offload_param"]["buffer_count"] == 7
+
+
+def test_tune_results_are_in_the_run_store(tuned):
+    from offloadlab.store import RunStore
+
+    _, out, result = tuned
+    store = RunStore(out)
+    rows = store.tune_points(store.run()["id"])
+    assert len(rows) == len(result["points"])
+    assert rows[0]["is_best"] == 1
+
+
+def test_an_error_mid_sweep_removes_the_work_folder(tmp_path):
+    calls = []
+
+    def explode(stage, point, done, total):
+        calls.append(done)
+        assert list(tmp_path.glob(f"{WORK_PREFIX}*")), "the sweep's files should exist while it runs"
+        if done == 3:
+            raise RuntimeError("injected failure")
+
+    with pytest.raises(RuntimeError, match="injected failure"):
+        Tuner(tmp_path, "both", TuneSettings.for_mode(quick=True), explode).run()
+    assert calls == [1, 2, 3]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_mid_sweep_removes_the_work_folder(tmp_path, sig):
+    proc = subprocess.Popen([sys.executable, "-m", "offloadlab.cli", "tune", "--nvme", str(tmp_path), "--out",
+                             str(tmp_path / "out")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(f"{WORK_PREFIX}*/aio-probe.bin")):
+        assert time.time() < deadline and proc.poll() is None, proc.stdout.read() if proc.poll() is not None else "timeout"
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "the tuning files were removed" in out
+    assert not list(tmp_path.glob(f"{WORK_PREFIX}*"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_preflight_errors_before_any_io(tmp_path):
+    proc = cli("tune", "--nvme", str(tmp_path / "missing"), "--quick", check=False)
+    assert proc.returncode == 2 and "does not exist" in proc.stdout
+    proc = cli("tune", "--nvme", "/dev/shm", "--quick", check=False)
+    assert proc.returncode == 2 and "no O_DIRECT" in proc.stdout
+    with pytest.raises(PreflightError, match="RAM available"):
+        check_pinned_memory(1 << 60)
+    proc_sys = tmp_path / "proc"
+    proc_sys.mkdir()
+    (proc_sys / "aio-max-nr").write_text("65536\n")
+    (proc_sys / "aio-nr").write_text("65000\n")
+    with pytest.raises(PreflightError, match=r"536 aio events free, 4096 needed: raise it with 'sysctl -w fs.aio-max-nr="):
+        check_aio_contexts(4096, proc_sys)
+
+
+def test_sizes_are_checked_before_the_handle_sees_them():
+    with pytest.raises(ValueError, match="multiple of 4096 x intra_op_parallelism"):
+        check_io_size(3 * 4096, AioPoint(1 << 20, 8, 2, False, True))
+
+
+def test_objective_and_neighbourhood():
+    # Half the bytes read at 1 GB/s, half written at 4 GB/s: 1.6 GB/s overall.
+    assert mixed_score(1.0, 4.0, 0.5) == pytest.approx(1.6)
+    near = neighbours(DEEPSPEED_DEFAULT, max_threads=8)
+    assert AioPoint(2 << 20, 8, 1, False, True) in near and AioPoint(1 << 20, 16, 1, False, True) in near
+    assert AioPoint(1 << 20, 8, 1, True, True) in near and AioPoint(1 << 20, 8, 1, False, False) in near
+    assert all(p.intra_op_parallelism >= 1 for p in near)
+
+
+def test_swap_buffers_cover_the_largest_parameter_and_the_live_window(tmp_path):
+    assert max_params_in_window([5, 5, 1, 20, 1, 1], capacity=11) == 3
+    assert max_params_in_window([20], capacity=11) == 1
+    spec = load_spec(write_spec(tmp_path, [NVME_STRATEGY], nvme_path=str(tmp_path), model=dict(preset="gpt-1.4b"),
+                                precision="bf16", seq_len=1024))
+    plan = plan_swap_buffers(spec, spec.strategy[0], intra_op_parallelism=1)
+    assert plan.buffer_size >= 50304 * 2048  # the embedding
+    assert plan.stage3_max_live_parameters < spec.strategy[0].stage3_max_live_parameters
+    assert plan.swapped_params == 24 * 4 + 3  # four matrices a block, two embeddings, the head
+    assert plan.pinned_bytes == plan.buffer_count * plan.buffer_size * 2
