@@ -80,6 +80,20 @@ def compare(run_dir: Path, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), help="The HTML file (default RUN_DIR/report.html).")
+def report(run_dir: Path, out: Path | None) -> None:
+    """Write a self-contained HTML report with plots of every strategy side by side."""
+    from offloadlab.report import write_report
+
+    try:
+        path = write_report(run_dir, out)
+    except (FileNotFoundError, LookupError) as err:
+        _fail(str(err))
+    console.print(f"report: {path}")
+
+
+@main.command()
 @click.option("--nvme", "nvme_path", required=True, type=click.Path(path_type=Path), help="A folder on the drive to tune.")
 @click.option("--quick", is_flag=True, help="A sweep under a minute (smaller files, fewer repeats).")
 @click.option("--workload", type=click.Choice(["param", "optimizer", "both"]), default="both", show_default=True,

@@ -8,7 +8,8 @@ from pathlib import Path
 from rich.table import Table
 
 from offloadlab import metrics
-from offloadlab.store import RunStore
+from offloadlab.step_telemetry import per_step
+from offloadlab.store import RunStore, StepRecord
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,14 @@ class StrategySummary:
     peak_reserved_bytes: int | None
     host_rss_peak_bytes: int | None
     disk_read_bytes_per_step: float | None
+    """Block-layer bytes the strategy's own processes read per step, all ranks (/proc/PID/io)."""
     disk_write_bytes_per_step: float | None
+    device_read_bytes_per_step: float | None
+    """Bytes the nvme_path's device moved per step, whoever asked (the sampler's diskstats)."""
+    device_write_bytes_per_step: float | None
+    gpu_idle_share: float | None
+    pcie_tx_bytes_per_s: float | None
+    pcie_rx_bytes_per_s: float | None
     checkpoint_verified: bool | None
     checkpoint_detail: str | None
     first_loss: float | None
@@ -40,6 +48,17 @@ def _max_or_none(values: list[int | None]) -> int | None:
     return max(present) if present else None
 
 
+def _median_field(values: list[float | None]) -> float | None:
+    return metrics.median([v for v in values if v is not None])
+
+
+def _bytes_per_step_all_ranks(steps: list[StepRecord], attr: str) -> dict[int, float]:
+    per_step: dict[int, float] = {}
+    for r in steps:
+        per_step[r.step] = per_step.get(r.step, 0.0) + getattr(r, attr)
+    return per_step
+
+
 def summarize(store: RunStore) -> list[StrategySummary]:
     run = store.run()
     out = []
@@ -47,7 +66,11 @@ def summarize(store: RunStore) -> list[StrategySummary]:
         rank0 = store.steps(row["id"], rank=0)
         every_rank = store.steps(row["id"], rank=None)
         steady = metrics.steady_state(rank0)
+        steady_steps = {r.step for r in steady}
         median_time = metrics.median([r.step_time_s for r in steady])
+        read_all = _bytes_per_step_all_ranks(every_rank, "disk_read_bytes")
+        written_all = _bytes_per_step_all_ranks(every_rank, "disk_write_bytes")
+        telemetry = per_step(store, row["id"], steady)
         verified = row["checkpoint_verified"]
         out.append(
             StrategySummary(
@@ -62,8 +85,13 @@ def summarize(store: RunStore) -> list[StrategySummary]:
                 peak_allocated_bytes=_max_or_none([r.peak_allocated_bytes for r in every_rank]),
                 peak_reserved_bytes=_max_or_none([r.peak_reserved_bytes for r in every_rank]),
                 host_rss_peak_bytes=_max_or_none([r.host_rss_peak_bytes for r in every_rank]),
-                disk_read_bytes_per_step=metrics.median([float(r.disk_read_bytes) for r in steady]),
-                disk_write_bytes_per_step=metrics.median([float(r.disk_write_bytes) for r in steady]),
+                disk_read_bytes_per_step=metrics.median([v for k, v in read_all.items() if k in steady_steps]),
+                disk_write_bytes_per_step=metrics.median([v for k, v in written_all.items() if k in steady_steps]),
+                device_read_bytes_per_step=_median_field([t.device_read_bytes for t in telemetry]),
+                device_write_bytes_per_step=_median_field([t.device_write_bytes for t in telemetry]),
+                gpu_idle_share=_median_field([t.gpu_idle_share for t in telemetry]),
+                pcie_tx_bytes_per_s=_median_field([t.pcie_tx_bytes_per_s for t in telemetry]),
+                pcie_rx_bytes_per_s=_median_field([t.pcie_rx_bytes_per_s for t in telemetry]),
                 checkpoint_verified=None if verified is None else bool(verified),
                 checkpoint_detail=row["checkpoint_detail"],
                 first_loss=rank0[0].loss if rank0 else None,
@@ -87,13 +115,18 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
+def _gb(bytes_per_s: float | None) -> float | None:
+    return None if bytes_per_s is None else bytes_per_s / 1e9
+
+
 STATUS_STYLE = {"done": "green", "does_not_fit": "yellow", "failed": "red", "running": "cyan", "pending": "dim"}
 
 
 def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
     table = Table(title=f"offloadlab compare {run_dir}", header_style="bold")
     for col in ("strategy", "status", "step (s)", "tokens/s", "GPU peak\nalloc / resv", "host RSS\npeak",
-                "disk/step\nread / write", "checkpoint"):
+                "NVMe/step\nread / write", "GPU\nidle", "PCIe GB/s\ntx / rx", "SSD writes\nper 10k steps",
+                "checkpoint"):
         text = col in ("strategy", "status", "checkpoint")
         table.add_column(col, justify="left" if text else "right", no_wrap=col != "status", overflow="fold")
     for s in summaries:
@@ -109,6 +142,9 @@ def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
             f"{human_bytes(s.peak_allocated_bytes)}\n{human_bytes(s.peak_reserved_bytes)}",
             human_bytes(s.host_rss_peak_bytes),
             f"{human_bytes(s.disk_read_bytes_per_step)}\n{human_bytes(s.disk_write_bytes_per_step)}",
+            _fmt(None if s.gpu_idle_share is None else 100 * s.gpu_idle_share, "{:.0f}%"),
+            f"{_fmt(_gb(s.pcie_tx_bytes_per_s), '{:.1f}')}\n{_fmt(_gb(s.pcie_rx_bytes_per_s), '{:.1f}')}",
+            human_bytes(None if s.disk_write_bytes_per_step is None else 1e4 * s.disk_write_bytes_per_step),
             ckpt,
         )
     return table

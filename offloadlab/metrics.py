@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import resource
 import statistics
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -51,6 +53,29 @@ def device_memory() -> DeviceMemory:
 def host_rss_peak_bytes() -> int:
     """This process's lifetime peak resident set (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# Threads whose I/O is bookkeeping (the sampler's SQLite writes), not the strategy's swapping.
+_IO_EXCLUDED_TIDS: set[int] = set()
+
+
+def exclude_this_thread_from_io() -> None:
+    _IO_EXCLUDED_TIDS.add(threading.get_native_id())
+
+
+def process_io_bytes() -> tuple[int, int]:
+    """(read, written) block-layer bytes of this process's threads, DeepSpeed's aio threads included."""
+    read = written = 0
+    for task in Path("/proc/self/task").iterdir():
+        if int(task.name) in _IO_EXCLUDED_TIDS:
+            continue
+        try:
+            fields = dict(line.split(": ") for line in (task / "io").read_text().splitlines())
+        except OSError:
+            continue  # the thread ended between listing and reading
+        read += int(fields["read_bytes"])
+        written += int(fields["write_bytes"])
+    return read, written
 
 
 def tokens_per_s(tokens: int, seconds: float) -> float:

@@ -144,6 +144,8 @@ class RunSpec(_Strict):
     checkpoint_step: int = Field(default=0, ge=0)
     """Save after this step and verify the restore in a fresh process; 0 picks steps // 2, -1 is not allowed."""
     verify_checkpoint: bool = True
+    telemetry_hz: float = Field(default=10.0, ge=0, le=100)
+    """Sampler rate for GPU/host/disk figures; 0 turns the sampler off."""
     nvme_path: Path | None = None
     """Where NVMe strategies swap; offloadlab makes (and removes) its own subfolder there."""
     model: ModelSpec

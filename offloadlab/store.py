@@ -228,6 +228,11 @@ class RunStore:
         rows = self.conn.execute(query + " ORDER BY step, rank", args).fetchall()
         return [StepRecord(**{k: r[k] for k in r.keys() if k not in ("strategy_id", "rank")}) for r in rows]
 
+    def samples(self, strategy_id: int, metric_like: str) -> list[tuple[float, str, float | None]]:
+        """(t, metric, value) of a strategy's samples whose metric matches a LIKE pattern, by time."""
+        return [tuple(r) for r in self.conn.execute(
+            "SELECT t, metric, value FROM samples WHERE strategy_id = ? AND metric LIKE ? ORDER BY t", (strategy_id, metric_like))]
+
     def tune_points(self, run_id: int) -> list[sqlite3.Row]:
         return self.conn.execute("SELECT * FROM tune_points WHERE run_id = ? ORDER BY score_gbps DESC", (run_id,)).fetchall()
 

@@ -6,7 +6,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import torch
 
 from offloadlab import metrics
@@ -22,11 +21,6 @@ class StepWindow:
     first: int
     last: int
     phase: str = "train"
-
-
-def _process_io() -> tuple[int, int]:
-    io = psutil.Process().io_counters()
-    return io.read_bytes, io.write_bytes
 
 
 def run_steps(
@@ -45,13 +39,13 @@ def run_steps(
     for step in range(window.first, window.last + 1):
         batches = source.micro_batches(step - 1, ctx.rank, ctx.world_size, spec.micro_batch, spec.grad_accum)
         metrics.reset_device_peaks()
-        read_before, written_before = _process_io()
+        read_before, written_before = metrics.process_io_bytes()
         t_start = time.time()
         loss = engine.train_step(batches)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
         t_end = time.time()
-        read_after, written_after = _process_io()
+        read_after, written_after = metrics.process_io_bytes()
         memory = engine.memory_stats()
         record = StepRecord(
             step=step,

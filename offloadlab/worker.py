@@ -11,7 +11,9 @@ the process exits non-zero, so the parent and the other strategies go on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import os
 import sys
 import tomllib
 import traceback
@@ -23,6 +25,7 @@ from offloadlab.engines import DistContext, build_engine
 from offloadlab.model import gpt_config
 from offloadlab.spec import RunSpec, parse_spec
 from offloadlab.store import RunStore
+from offloadlab.telemetry import Sampler
 from offloadlab.trainer import StepWindow, run_steps
 
 # Two losses of the same step agree to this relative tolerance after a restore (float reductions may be
@@ -57,12 +60,22 @@ def checkpoint_root(run_dir: Path, strategy: str) -> Path:
     return run_dir / "checkpoints" / strategy
 
 
+def sampler_for(spec: RunSpec, ctx: DistContext, run_dir: Path, strategy_id: int, nvme_dir: Path | None):
+    """One sampler per host (local rank 0), covering every GPU and, through torchrun's agent, every rank."""
+    if spec.telemetry_hz == 0 or ctx.local_rank != 0:
+        return contextlib.nullcontext()
+    root_pid = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
+    disk_path = nvme_dir or spec.nvme_path or run_dir
+    return Sampler(run_dir, strategy_id, hz=spec.telemetry_hz, nvme_path=disk_path, root_pid=root_pid)
+
+
 def _train(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
-    engine = build_engine(spec, strategy, ctx, nvme_dir)
-    source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
-    root = checkpoint_root(run_dir, strategy.name) if spec.verify_checkpoint else None
-    run_steps(engine, spec, source, store, strategy_id, StepWindow(1, spec.steps), checkpoint_root=root)
-    engine.close()
+    with sampler_for(spec, ctx, run_dir, strategy_id, nvme_dir):
+        engine = build_engine(spec, strategy, ctx, nvme_dir)
+        source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
+        root = checkpoint_root(run_dir, strategy.name) if spec.verify_checkpoint else None
+        run_steps(engine, spec, source, store, strategy_id, StepWindow(1, spec.steps), checkpoint_root=root)
+        engine.close()
 
 
 def _verify(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:

@@ -35,3 +35,32 @@ def cli(*args: str, timeout: float = 900, check: bool = True) -> subprocess.Comp
 def nvme_root(tmp_path_factory) -> Path:
     """A folder on the real disk (O_DIRECT works there), standing in for the user's NVMe mount."""
     return tmp_path_factory.mktemp("nvme")
+
+
+STRATEGIES = [
+    dict(name="zero2-cpu", engine="deepspeed", zero_stage=2, offload_optimizer="cpu"),
+    dict(name="zero3-nvme", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
+         buffer_count=5, buffer_size=1_000_000),
+    dict(name="fsdp2", engine="fsdp2"),
+    dict(name="fsdp2-cpu-offload", engine="fsdp2", cpu_offload=True),
+]
+
+
+@pytest.fixture(scope="session")
+def world1(tmp_path_factory, nvme_root) -> Path:
+    folder = tmp_path_factory.mktemp("world1")
+    spec = write_spec(folder, STRATEGIES, nvme_path=str(nvme_root))
+    cli("run", str(spec), "--out", str(folder / "run"))
+    return folder / "run"
+
+
+@pytest.fixture(scope="session")
+def world2(tmp_path_factory, nvme_root) -> Path:
+    """The same effective batch over two gloo ranks: grad_accum halves as nproc doubles."""
+    folder = tmp_path_factory.mktemp("world2")
+    strategies = [STRATEGIES[1], STRATEGIES[3]]
+    spec = write_spec(folder, strategies, nvme_path=str(nvme_root), nproc=2, grad_accum=1)
+    cli("run", str(spec), "--out", str(folder / "run"))
+    return folder / "run"
+
+

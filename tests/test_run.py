@@ -13,36 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, cli, write_spec
+from conftest import REPO, STRATEGIES, cli, write_spec
 from offloadlab.compare import summarize
 from offloadlab.store import RunStore
-
-STRATEGIES = [
-    dict(name="zero2-cpu", engine="deepspeed", zero_stage=2, offload_optimizer="cpu"),
-    dict(name="zero3-nvme", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
-         buffer_count=5, buffer_size=1_000_000),
-    dict(name="fsdp2", engine="fsdp2"),
-    dict(name="fsdp2-cpu-offload", engine="fsdp2", cpu_offload=True),
-]
-
-
-@pytest.fixture(scope="session")
-def world1(tmp_path_factory, nvme_root) -> Path:
-    folder = tmp_path_factory.mktemp("world1")
-    spec = write_spec(folder, STRATEGIES, nvme_path=str(nvme_root))
-    cli("run", str(spec), "--out", str(folder / "run"))
-    return folder / "run"
-
-
-@pytest.fixture(scope="session")
-def world2(tmp_path_factory, nvme_root) -> Path:
-    """The same effective batch over two gloo ranks: grad_accum halves as nproc doubles."""
-    folder = tmp_path_factory.mktemp("world2")
-    strategies = [STRATEGIES[1], STRATEGIES[3]]
-    spec = write_spec(folder, strategies, nvme_path=str(nvme_root), nproc=2, grad_accum=1)
-    cli("run", str(spec), "--out", str(folder / "run"))
-    return folder / "run"
-
 
 def _losses(run_dir: Path) -> dict[str, list[float]]:
     store = RunStore(run_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -101,7 +102,7 @@ class DeepSpeedEngine(Engine):
         sub-group (a tiny model, or the small last sub-group of a large one). Restore them from that file.
         """
         opt = self.engine.optimizer
-        in_ram = [i for i in range(len(opt.fp32_partitioned_groups_flat)) if not opt._swappable_optimizer_subgroup(i)]
+        in_ram = [i for i in self._subgroups() if not opt._swappable_optimizer_subgroup(i)]
         if not in_ram:
             return
         saved = torch.load(self.engine._get_zero_ckpt_name(str(folder), CHECKPOINT_TAG), map_location="cpu",
@@ -123,7 +124,19 @@ class DeepSpeedEngine(Engine):
             saved = scratch
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
-        return digest_checkpoint_files(saved / CHECKPOINT_TAG) if self.ctx.rank == 0 else {}
+        if self.ctx.rank != 0:
+            return {}
+        digest = digest_checkpoint_files(saved / CHECKPOINT_TAG)
+        # A swapped sub-group's Adam state in the optim_states file is whatever its RAM buffer held when
+        # saved; the authoritative copy is its swap file under offloaded_tensors/, which is digested.
+        swapped = {i for i in self._subgroups() if self.engine.optimizer._swappable_optimizer_subgroup(i)}
+        stale = re.compile(r"optim_states\.pt/optimizer_state_dict/optimizer_state_dict/state/(\d+)/")
+        return {k: v for k, v in digest.items() if not ((m := stale.search(k)) and int(m.group(1)) in swapped)}
+
+    def _subgroups(self) -> range:
+        if not self.engine.zero_nvme_offload_optimizer():
+            return range(0)
+        return range(len(self.engine.optimizer.fp32_partitioned_groups_flat))
 
 
 def digest_checkpoint_files(folder: Path) -> dict[str, str]:

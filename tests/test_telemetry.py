@@ -1,0 +1,146 @@
+"""The sampler during real training runs, block-device resolution, per-step figures and the report.
+
+NVML is absent on this machine: GPU fields are faked behind the sampler's `GpuReader` interface only."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli, write_spec
+from offloadlab.block_devices import read_diskstats, resolve_block_devices
+from offloadlab.compare import summarize
+from offloadlab.step_telemetry import CumulativeSeries
+from offloadlab.store import RunStore
+from offloadlab.telemetry import GPU_FIELDS, NvmlReader, Sampler
+
+SWAPPING = [
+    # small-cpu's matrices are over DeepSpeed's 1 MiB swap threshold, so they really go to the drive.
+    dict(name="zero3-nvme", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
+         buffer_count=8, buffer_size=2_000_000),
+    dict(name="fsdp2-cpu-offload", engine="fsdp2", cpu_offload=True),
+]
+
+
+@pytest.fixture(scope="module")
+def swapping_run(tmp_path_factory, nvme_root) -> Path:
+    folder = tmp_path_factory.mktemp("swapping")
+    spec = write_spec(folder, SWAPPING, nvme_path=str(nvme_root), model=dict(preset="small-cpu"), seq_len=64, steps=4,
+                      telemetry_hz=20)
+    cli("run", str(spec), "--out", str(folder / "run"))
+    return folder / "run"
+
+
+def _ids(store: RunStore) -> dict[str, int]:
+    return {row["name"]: row["id"] for row in store.strategies(store.run()["id"])}
+
+
+def test_host_and_disk_are_sampled_while_training(swapping_run):
+    store = RunStore(swapping_run)
+    for name, strategy_id in _ids(store).items():
+        rss = [v for _, _, v in store.samples(strategy_id, "host.rss_tree(B)")]
+        assert len(rss) >= 5 and min(rss) > 50 * 2**20, name
+        assert store.samples(strategy_id, "disk.write(B/s)"), name
+        assert not store.samples(strategy_id, "gpu%"), "no GPU here: no GPU rows"
+        notes = [e["detail"] for e in store.events(strategy_id, "telemetry_note")]
+        assert len(notes) == 1 and notes[0].startswith("GPU fields absent: NVML unavailable")
+
+
+def test_nvme_swapping_moves_the_disk_counters_and_fsdp_offload_does_not(swapping_run):
+    summaries = {s.name: s for s in summarize(RunStore(swapping_run))}
+    nvme, cpu = summaries["zero3-nvme"], summaries["fsdp2-cpu-offload"]
+    assert nvme.status == "done" and nvme.checkpoint_verified, nvme.checkpoint_detail
+    # small-cpu in fp32: ~20 MB of parameters and ~80 MB of optimizer state cross the drive each step.
+    assert nvme.disk_read_bytes_per_step > 10 * 2**20
+    assert nvme.disk_write_bytes_per_step > 10 * 2**20
+    assert nvme.device_write_bytes_per_step > 5 * 2**20
+    assert cpu.disk_read_bytes_per_step == 0 and cpu.disk_write_bytes_per_step == 0
+
+
+def test_step_events_share_the_samples_clock(swapping_run):
+    store = RunStore(swapping_run)
+    strategy_id = _ids(store)["zero3-nvme"]
+    steps = store.steps(strategy_id)
+    times = [t for t, _, _ in store.samples(strategy_id, "host.cpu(%)")]
+    assert times[0] < steps[0].t_start and steps[-1].t_end < times[-1]
+
+
+class FakeGpu:
+    """Stands in for NVML only: two GPUs, the second without PCIe counters, each read taking 20 ms as
+    NVML's PCIe getter does."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def read(self):
+        time.sleep(0.02)
+        self.reads += 1
+        full = {"util(%)": 50.0, "mem_used(B)": 2.0**30, "pcie_tx(B/s)": 5e9, "pcie_rx(B/s)": 6e9, "power(W)": 300.0, "temp(C)": 60.0}
+        return [full, {**full, "pcie_tx(B/s)": None, "pcie_rx(B/s)": None}]
+
+
+def _store_with_strategy(tmp_path: Path) -> int:
+    store = RunStore(tmp_path, create_schema=True)
+    run_id = store.add_run("t", "")
+    return store.add_strategy(run_id, "s", "fsdp2", {}, 1)
+
+
+def test_gpu_fields_are_recorded_per_gpu_and_a_missing_field_stays_absent(tmp_path):
+    strategy_id = _store_with_strategy(tmp_path)
+    gpu = FakeGpu()
+    with Sampler(tmp_path, strategy_id, hz=20, nvme_path=tmp_path, gpu_reader=gpu, flush_every_s=0.1):
+        time.sleep(0.5)
+    store = RunStore(tmp_path)
+    assert gpu.reads >= 5
+    for field in GPU_FIELDS:
+        assert len(store.samples(strategy_id, f"gpu0.{field}")) == gpu.reads
+    assert {v for _, _, v in store.samples(strategy_id, "gpu1.pcie_tx(B/s)")} == {None}
+    assert {v for _, _, v in store.samples(strategy_id, "gpu0.pcie_rx(B/s)")} == {6e9}
+
+
+def test_without_nvml_the_reader_says_why_once():
+    reader, note = NvmlReader.open()
+    assert reader is None and note.startswith("GPU fields absent")
+
+
+def test_the_path_resolves_to_the_block_device_diskstats_counts():
+    devices = resolve_block_devices(Path(__file__))
+    assert devices is not None and devices.primary in read_diskstats()
+
+
+def test_partitions_and_raid_members_resolve(tmp_path):
+    """A sysfs tree laid out as the kernel does: md0 over two partitions of two NVMe drives."""
+    devices = tmp_path / "devices"
+    for disk in ("nvme0n1", "nvme1n1"):
+        (devices / disk / f"{disk}p1").mkdir(parents=True)
+        (devices / disk / f"{disk}p1" / "partition").write_text("1")
+    md = devices / "virtual" / "md0"
+    (md / "slaves").mkdir(parents=True)
+    (md / "slaves" / "nvme0n1p1").symlink_to(devices / "nvme0n1" / "nvme0n1p1")
+    (md / "slaves" / "nvme1n1p1").symlink_to(devices / "nvme1n1" / "nvme1n1p1")
+    sys_block = tmp_path / "dev-block"
+    sys_block.mkdir()
+    st = os.stat(tmp_path)
+    (sys_block / f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}").symlink_to(md)
+    resolved = resolve_block_devices(tmp_path, sys_block)
+    assert resolved.primary == "md0"
+    assert resolved.members == ("nvme0n1", "nvme0n1p1", "nvme1n1", "nvme1n1p1")
+
+
+def test_cumulative_series_interpolates_between_samples():
+    series = CumulativeSeries([(0.0, "m", 0.0), (1.0, "m", 100.0), (2.0, "m", 50.0)])
+    assert series.between(0.5, 1.5) == pytest.approx(50 + 25)
+    assert series.between(-1, 3) == pytest.approx(150)
+    assert CumulativeSeries([]).between(0, 1) is None
+
+
+def test_report_has_a_chart_per_strategy_and_metric(swapping_run):
+    out = cli("report", str(swapping_run)).stdout
+    page = (swapping_run / "report.html").read_text()
+    assert "report.html" in out
+    assert page.count("<figure>") == 6 * 2  # six panels, two strategies
+    assert page.count("<polyline") >= 2 * 3  # step time, NVMe and RSS for both strategies at least
+    assert "zero3-nvme" in page and "verified" in page
