@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -134,9 +135,17 @@ def _wait_for_worker(proc: subprocess.Popen, run_dir: Path, timeout: float = 300
         assert proc.poll() is None, proc.stdout.read()
         if (run_dir / "offloadlab.sqlite").exists():
             store = RunStore(run_dir)
-            if store.conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0] > 0:
+            try:
+                trained = store.conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0] > 0
+            except sqlite3.OperationalError:
+                trained = False  # the runner has opened the file but not yet created the schema
+            if trained:
                 for child in psutil.Process(proc.pid).children(recursive=True):
-                    if "offloadlab.worker" in " ".join(child.cmdline()) and "torch.distributed.run" not in " ".join(child.cmdline()):
+                    try:
+                        cmdline = " ".join(child.cmdline())
+                    except psutil.Error:
+                        continue  # a process that exited while listed
+                    if "offloadlab.worker" in cmdline and "torch.distributed.run" not in cmdline:
                         return child
             store.close()
         time.sleep(0.2)
