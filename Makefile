@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.offloadlab-installed
 
+# DeepSpeed's JIT-built ops live with the venv they were built for: two checkouts sharing
+# ~/.cache/torch_extensions would rebuild them for each other on every switch.
+export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
+
 .PHONY: setup demo test clean
 
 setup: $(STAMP)
