@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-ALIGNMENT = 4096
+from offloadlab.preflight import DIRECT_IO_ALIGNMENT as ALIGNMENT
+
 
 
 @dataclass(frozen=True, order=True)

@@ -123,13 +123,17 @@ class HFCausalLM(nn.Module):
         except ImportError:
             raise SpecError("model.hf_config needs transformers: pip install transformers") from None
         super().__init__()
-        folder = config_path.parent if config_path.name == "config.json" else config_path
-        self.inner = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+        self.inner = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_config_folder(config_path)))
         self.blocks = _largest_module_list(self.inner)
         self.activation_checkpointing = False
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.inner(input_ids=tokens, use_cache=False).logits
+
+
+def hf_config_folder(path: Path) -> Path:
+    """transformers loads a config from its folder; the spec may name the folder or the config.json in it."""
+    return path.parent if path.name == "config.json" else path
 
 
 def _largest_module_list(module: nn.Module) -> nn.ModuleList:

@@ -94,11 +94,6 @@ def check_buffer_fits_largest_param(strategy: DeepSpeedStrategy, largest_param_n
         )
 
 
-def check_gpu_present(what: str) -> None:
-    if not _has_cuda():
-        raise PreflightError(f"{what} needs a CUDA GPU and none is visible (torch.cuda.is_available() is False)")
-
-
 def _has_cuda() -> bool:
     import torch
 

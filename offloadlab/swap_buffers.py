@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from offloadlab.model import build_model
+from offloadlab.preflight import DIRECT_IO_ALIGNMENT as ALIGNMENT
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
 
 MIN_SWAPPED_BYTES = 1 << 20  # DeepSpeed keeps smaller parameters in RAM (MIN_AIO_BYTES)
-ALIGNMENT = 4096
 SAFETY_BUFFERS = 2  # the embedding and head are fetched outside the block order
 
 

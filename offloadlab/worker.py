@@ -22,7 +22,7 @@ from pathlib import Path
 from offloadlab.checkpoint import restore_and_check
 from offloadlab.data import TokenSource
 from offloadlab.engines import DistContext, build_engine
-from offloadlab.model import gpt_config
+from offloadlab.model import gpt_config, hf_config_folder
 from offloadlab.spec import RunSpec, parse_spec
 from offloadlab.store import RunStore
 from offloadlab.telemetry import Sampler
@@ -51,8 +51,7 @@ def vocab_size(spec: RunSpec) -> int:
     if spec.model.hf_config is not None:
         from transformers import AutoConfig
 
-        folder = spec.model.hf_config.parent if spec.model.hf_config.name == "config.json" else spec.model.hf_config
-        return AutoConfig.from_pretrained(folder).vocab_size
+        return AutoConfig.from_pretrained(hf_config_folder(spec.model.hf_config)).vocab_size
     return gpt_config(spec.model, spec.seq_len).vocab_size
 
 
