@@ -79,13 +79,12 @@ class AioBench:
     One page-locked buffer serves every point (allocating it per point would time mlock, not I/O).
     """
 
-    def __init__(self, work_dir: Path, io_size: int, gpu: bool = False):
+    def __init__(self, work_dir: Path, io_size: int):
         self.work_dir, self.io_size = work_dir, io_size
         self.path = work_dir / "aio-probe.bin"
         self._pin_handle = _handle(DEEPSPEED_DEFAULT)
         self.buffer = self._pin_handle.new_cpu_locked_tensor(io_size, torch.empty(0, dtype=torch.uint8))
         self.buffer.fill_(0x5A)
-        self.gpu_buffer = torch.empty(io_size, dtype=torch.uint8, device="cuda") if gpu else None
 
     def close(self) -> None:
         self._pin_handle.free_cpu_locked_tensor(self.buffer)
@@ -102,10 +101,6 @@ class AioBench:
             raise RuntimeError(f"{self.path} holds {size} bytes after writing {self.io_size}: the drive is full or failing")
         start = time.perf_counter()
         handle.sync_pread(self.buffer, str(self.path))
-        if self.gpu_buffer is not None:
-            # A swap-in ends on the GPU: time the bounce copy from the pinned buffer too.
-            self.gpu_buffer.copy_(self.buffer, non_blocking=True)
-            torch.cuda.synchronize()
         read = time.perf_counter() - start
         return Throughput(read_gbps=self.io_size / read / 1e9, write_gbps=self.io_size / written / 1e9)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
@@ -143,6 +144,7 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
     if as_json:
         click.echo(json.dumps({"fragment": str(toml_path), "best": result.best.point.as_config(),
                                "read_gbps": result.best.read_gbps, "write_gbps": result.best.write_gbps,
+                               "pcie": dataclasses.asdict(result.pcie) if result.pcie else None,
                                "seconds": result.seconds, "points": store_rows(result)}, indent=2))
     else:
         console.print(points_table(result))

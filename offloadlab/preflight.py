@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -86,6 +87,36 @@ def check_libaio() -> None:
         )
 
 
+# A build takes one or two minutes; a lock older than this was left by a build that was killed, and
+# torch would wait on it forever.
+STALE_BUILD_LOCK_S = 15 * 60
+
+
+def check_build_lock(op_name: str) -> None:
+    """Fail on a JIT build lock that no live build holds, instead of hanging in torch's FileBaton."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory(op_name, verbose=False)) / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_BUILD_LOCK_S:
+        raise PreflightError(
+            f"{lock} is {age / 60:.0f} minutes old: a build of DeepSpeed's {op_name} op was killed and left its lock, "
+            f"and every later build would wait on it forever. If no build is running, delete that file and retry"
+        )
+
+
+def load_async_io():
+    """DeepSpeed's async_io op, built now if needed, so a first-use build is never timed as I/O."""
+    check_libaio()
+    check_build_lock("async_io")
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    return AsyncIOBuilder().load(verbose=False)
+
+
 def check_buffer_fits_largest_param(strategy: DeepSpeedStrategy, largest_param_numel: int) -> None:
     if strategy.offload_param == "nvme" and strategy.buffer_size < largest_param_numel:
         raise PreflightError(
@@ -115,12 +146,16 @@ def preflight_run(spec: RunSpec) -> None:
     from offloadlab.model import gpt_config
 
     shape = gpt_config(spec.model, spec.seq_len) if spec.model.hf_config is None else None
-    nvme = [s for s in spec.strategy if isinstance(s, DeepSpeedStrategy) and s.uses_nvme]
+    deepspeed = [s for s in spec.strategy if isinstance(s, DeepSpeedStrategy)]
+    if any(s.offload_optimizer != "none" for s in deepspeed):
+        check_build_lock("cpu_adam")
+    nvme = [s for s in deepspeed if s.uses_nvme]
     if not nvme:
         return
     check_directory(spec.nvme_path, "nvme_path")
     check_direct_io(spec.nvme_path, "nvme_path")
-    check_libaio()
+    # Built here once rather than by the first rank that needs it, inside a torchrun job.
+    load_async_io()
     if shape is None:
         return
     param_bytes = 2 if spec.precision == "bf16" else 4

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Callable
 
 from offloadlab.aio_bench import DEEPSPEED_DEFAULT, AioBench, AioPoint, Throughput, measure_direct_io_baseline
+from offloadlab.links import PcieSpeed, measure_pinned_copy
 from offloadlab.preflight import (PreflightError, check_aio_contexts, check_direct_io, check_directory, check_free_disk,
-                                  check_libaio, check_pinned_memory)
+                                  check_pinned_memory, load_async_io)
 
 # Share of swap bytes that are reads, per step. Parameters (16-bit): read in forward and again in
 # backward, written once after the step -> 2/3. Optimizer (fp32 master, Adam m and v, gradient): read
@@ -106,6 +107,8 @@ class TuneResult:
     best: PointResult
     default: PointResult
     direct_io: Throughput
+    pcie: PcieSpeed | None
+    """The pinned buffer -> GPU copy a swap-in ends with; None without a GPU."""
     seconds: float
     measurements: int
 
@@ -146,7 +149,7 @@ class Tuner:
         # Two probe files of io_size live at once (aio and the O_DIRECT baseline), never together with
         # more; keep a margin so the drive is never filled.
         check_free_disk(self.path, 2 * self.settings.io_size + 256 * MiB, "--nvme")
-        check_libaio()
+        load_async_io()
         check_pinned_memory(self.settings.io_size)
         # The largest point: 256 queued events for each of 8 threads.
         check_aio_contexts(256 * max(self.settings.coarse_threads) * 2)
@@ -162,10 +165,8 @@ class Tuner:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def _sweep(self, start: float) -> TuneResult:
-        import torch
-
         s = self.settings
-        bench = AioBench(self.work_dir, s.io_size, gpu=torch.cuda.is_available())
+        bench = AioBench(self.work_dir, s.io_size)
         try:
             direct_io = measure_direct_io_baseline(self.work_dir, s.io_size)
             max_threads = max(s.coarse_threads)
@@ -188,7 +189,8 @@ class Tuner:
         finally:
             bench.close()
         return TuneResult(self.path, self.workload, self.read_share, self._ranked(), self._ranked()[0],
-                          self.results[DEEPSPEED_DEFAULT], direct_io, time.perf_counter() - start, self.measurements)
+                          self.results[DEEPSPEED_DEFAULT], direct_io, measure_pinned_copy(),
+                          time.perf_counter() - start, self.measurements)
 
     def _ranked(self) -> list[PointResult]:
         return sorted(self.results.values(), key=lambda r: r.score(self.read_share), reverse=True)

@@ -102,6 +102,9 @@ def summary_table(result: TuneResult) -> Table:
     add(f"best: {result.best.point.label()}", result.best, "bold green")
     add(f"DeepSpeed default: {result.default.point.label()}", result.default)
     add("plain O_DIRECT, 1 MiB sequential, 1 thread", result.direct_io)
+    if result.pcie:
+        table.caption = (f"drive <-> pinned RAM figures; a swap-in then crosses PCIe: pinned copy to GPU "
+                         f"{result.pcie.host_to_device_gbps:.1f} GB/s, from GPU {result.pcie.device_to_host_gbps:.1f} GB/s")
     return table
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import cli, write_spec
-from offloadlab.preflight import PreflightError, check_direct_io, check_directory, check_free_disk
+from offloadlab.preflight import PreflightError, check_build_lock, check_direct_io, check_directory, check_free_disk
 
 NVME_STRATEGY = dict(name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
                      buffer_size=1_000_000)
@@ -56,3 +57,16 @@ def test_run_rejects_tmpfs_nvme_path(tmp_path):
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
     assert proc.returncode == 2
     assert "no O_DIRECT" in proc.stdout
+
+
+def test_a_stale_jit_build_lock_is_named_instead_of_waited_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "async_io" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    check_build_lock("async_io")  # a build in progress holds a fresh lock: wait for it, as torch does
+    hour_ago = time.time() - 3600
+    os.utime(lock, (hour_ago, hour_ago))
+    with pytest.raises(PreflightError, match=rf"{lock} is 60 minutes old: .* delete that file"):
+        check_build_lock("async_io")
+    assert lock.exists()  # named, never removed: a slow build elsewhere may still own it
