@@ -32,8 +32,8 @@ def run_ours(nvme: Path, quick: bool, out: Path) -> dict:
     proc = subprocess.run(cmd + (["--quick"] if quick else []), capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
     result = json.loads(proc.stdout[proc.stdout.index("{"):])
-    return {"wall_s": wall, "read_gbps": result["read_gbps"], "write_gbps": result["write_gbps"],
-            "config": result["best"], "points": len(result["points"])}
+    return {"wall_s": wall, "sweep_s": result["seconds"], "read_gbps": result["read_gbps"],
+            "write_gbps": result["write_gbps"], "config": result["best"], "points": len(result["points"])}
 
 
 def _partial_ds_results(logs: Path) -> dict:
@@ -93,7 +93,7 @@ def main() -> None:
     console = Console(width=200)
     with tempfile.TemporaryDirectory() as out:
         ours = run_ours(args.nvme, args.quick, Path(out) / "ours")
-    console.print(f"offloadlab tune: {ours['wall_s']:.1f} s, best read {ours['read_gbps']:.2f} GB/s, "
+    console.print(f"offloadlab tune: {ours['wall_s']:.1f} s wall ({ours['sweep_s']:.1f} s sweeping), best read {ours['read_gbps']:.2f} GB/s, "
                   f"write {ours['write_gbps']:.2f} GB/s, {json.dumps(ours['config'])}")
     ds = run_ds_nvme_tune(args.nvme, args.ds_timeout)
     results = {"ours": ours, "ds_nvme_tune": ds}
