@@ -106,40 +106,56 @@ def report(run_dir: Path, out: Path | None) -> None:
 def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, verify: bool, out: Path | None,
          as_json: bool) -> None:
     """Measure DeepSpeed aio settings on NVME and write the fastest as a config fragment."""
+    import shutil
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from offloadlab.aio_bench import DEEPSPEED_DEFAULT
     from offloadlab.store import RunStore
     from offloadlab.swap_buffers import plan_swap_buffers
-    from offloadlab.tune import Tuner, TuneSettings
-    from offloadlab.tune_output import plan_table, points_table, store_rows, summary_table, write_fragments
+    from offloadlab.tune import READ_SHARE, Tuner, TuneSettings
+    from offloadlab.tune_output import plan_table, point_row, points_table, store_rows, summary_table, write_fragments
 
     if verify and spec_path is None:
         _fail("--verify needs --spec SPEC: the spec whose NVMe strategies are run with the tuned settings")
     settings = TuneSettings.for_mode(quick)
+    out_dir = out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}"
+    created_out_dir = not out_dir.exists()
+    store = None
     try:
         spec = load_spec(spec_path) if spec_path else None
         nvme_strategy = _nvme_param_strategy(spec) if spec else None
+        tuner = Tuner(nvme_path, workload, settings)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        # Points go to the store as they are measured, so `offloadlab tui` shows the sweep live.
+        store = RunStore(out_dir, create_schema=True)
+        run_id = store.add_run("tune", "")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=not sys.stdout.isatty()) as progress:
-            task = progress.add_task("preflight", total=None)
+            task = progress.add_task("sweeping", total=None)
 
             def on_progress(stage, point_result, done, expected):
-                label = point_result.point.label() if point_result else ""
-                progress.update(task, description=f"{stage:<9} {label}", completed=done, total=expected)
+                progress.update(task, description=f"{stage:<9} {point_result.point.label()}", completed=done, total=expected)
+                store.upsert_tune_points(run_id, [point_row(point_result, READ_SHARE[workload],
+                                                            is_default=point_result.point == DEEPSPEED_DEFAULT)])
 
-            result = Tuner(nvme_path, workload, settings, on_progress).run()
-    except SpecError as err:
-        _fail(str(err))
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted: the tuning files were removed[/]")
-        sys.exit(130)
+            tuner.on_progress = on_progress
+            result = tuner.run()
+    except BaseException as err:  # the tuner removed its own files; this removes the output folder it began
+        if store is not None:
+            store.close()
+        if created_out_dir:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        if isinstance(err, KeyboardInterrupt):
+            console.print("[yellow]interrupted: the tuning files and the output folder were removed[/]")
+            sys.exit(130)
+        if isinstance(err, SpecError):
+            _fail(str(err))
+        raise
     plan = plan_swap_buffers(spec, nvme_strategy, result.best.point.intra_op_parallelism) if nvme_strategy else None
-    out_dir = out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}"
-    out_dir.mkdir(parents=True, exist_ok=True)
     toml_path, json_path = write_fragments(result, plan, out_dir)
-    store = RunStore(out_dir, create_schema=True)
-    run_id = store.add_run("tune", toml_path.read_text())
-    store.add_tune_points(run_id, store_rows(result))
+    store.set_run_spec(run_id, toml_path.read_text())
+    store.upsert_tune_points(run_id, store_rows(result))
     store.set_run_status(run_id, "done")
     if as_json:
         click.echo(json.dumps({"fragment": str(toml_path), "best": result.best.point.as_config(),

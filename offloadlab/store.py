@@ -191,14 +191,22 @@ class RunStore:
                 [(strategy_id, *r) for r in rows],
             )
 
-    def add_tune_points(self, run_id: int, rows: list[dict]) -> None:
+    def upsert_tune_points(self, run_id: int, rows: list[dict]) -> None:
+        """Write points as `tune` measures them; a point written again (more repeats, final flags) replaces its row."""
         with self.conn:
+            self.conn.executemany(
+                "DELETE FROM tune_points WHERE run_id = :run_id AND block_size = :block_size AND queue_depth = :queue_depth "
+                "AND intra_op_parallelism = :intra_op_parallelism AND single_submit = :single_submit "
+                "AND overlap_events = :overlap_events", [{"run_id": run_id, **r} for r in rows])
             self.conn.executemany(
                 "INSERT INTO tune_points VALUES (:run_id, :stage, :block_size, :queue_depth, :intra_op_parallelism, "
                 ":single_submit, :overlap_events, :read_gbps, :read_spread, :write_gbps, :write_spread, :repeats, "
                 ":score_gbps, :is_best, :is_deepspeed_default)",
                 [{"run_id": run_id, **r} for r in rows],
             )
+
+    def set_run_spec(self, run_id: int, spec_toml: str) -> None:
+        self.conn.execute("UPDATE runs SET spec_toml = ? WHERE id = ?", (spec_toml, run_id))
 
     # -- reads ----------------------------------------------------------------------------------------
     def run(self) -> sqlite3.Row:

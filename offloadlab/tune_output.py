@@ -59,16 +59,17 @@ def write_fragments(result: TuneResult, plan: SwapBufferPlan | None, out_dir: Pa
     return toml_path, json_path
 
 
+def point_row(r: PointResult, read_share: float, is_best: bool = False, is_default: bool = False) -> dict:
+    return {
+        "stage": r.stage, **{k: int(v) if isinstance(v, bool) else v for k, v in r.point.as_config().items()},
+        "read_gbps": r.read_gbps, "read_spread": r.read_spread, "write_gbps": r.write_gbps,
+        "write_spread": r.write_spread, "repeats": len(r.samples), "score_gbps": r.score(read_share),
+        "is_best": int(is_best), "is_deepspeed_default": int(is_default),
+    }
+
+
 def store_rows(result: TuneResult) -> list[dict]:
-    return [
-        {
-            "stage": r.stage, **{k: int(v) if isinstance(v, bool) else v for k, v in r.point.as_config().items()},
-            "read_gbps": r.read_gbps, "read_spread": r.read_spread, "write_gbps": r.write_gbps,
-            "write_spread": r.write_spread, "repeats": len(r.samples), "score_gbps": r.score(result.read_share),
-            "is_best": int(r is result.best), "is_deepspeed_default": int(r is result.default),
-        }
-        for r in result.results
-    ]
+    return [point_row(r, result.read_share, r is result.best, r is result.default) for r in result.results]
 
 
 def _row(label: str, read: float, write: float, read_share: float, spreads: tuple[float, float] | None = None) -> list[str]:

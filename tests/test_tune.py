@@ -110,20 +110,32 @@ def test_a_signal_mid_sweep_removes_the_work_folder(tmp_path, sig):
     proc = subprocess.Popen([sys.executable, "-m", "offloadlab.cli", "tune", "--nvme", str(tmp_path), "--out",
                              str(tmp_path / "out")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
-    while not list(tmp_path.glob(f"{WORK_PREFIX}*/aio-probe.bin")):
+    # Measured points reach the run store while the sweep goes on (the TUI's tune screen follows them).
+    while not (list(tmp_path.glob(f"{WORK_PREFIX}*/aio-probe.bin")) and _tune_points_stored(tmp_path / "out")):
         assert time.time() < deadline and proc.poll() is None, proc.stdout.read() if proc.poll() is not None else "timeout"
         time.sleep(0.05)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
-    assert "the tuning files were removed" in out
+    assert "the tuning files and the output folder were removed" in out
     assert not list(tmp_path.glob(f"{WORK_PREFIX}*"))
     assert not (tmp_path / "out").exists()
 
 
+def _tune_points_stored(out: Path) -> int:
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{out / 'offloadlab.sqlite'}?mode=ro", uri=True) as conn:
+            return conn.execute("SELECT COUNT(*) FROM tune_points").fetchone()[0]
+    except sqlite3.Error:  # not created yet
+        return 0
+
+
 def test_preflight_errors_before_any_io(tmp_path):
-    proc = cli("tune", "--nvme", str(tmp_path / "missing"), "--quick", check=False)
+    proc = cli("tune", "--nvme", str(tmp_path / "missing"), "--quick", "--out", str(tmp_path / "out"), check=False)
     assert proc.returncode == 2 and "does not exist" in proc.stdout
+    assert not (tmp_path / "out").exists()
     proc = cli("tune", "--nvme", "/dev/shm", "--quick", check=False)
     assert proc.returncode == 2 and "no O_DIRECT" in proc.stdout
     with pytest.raises(PreflightError, match="RAM available"):
