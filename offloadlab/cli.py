@@ -172,6 +172,22 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
         _verify_tuned(spec_path, toml_path, nvme_path, out_dir)
 
 
+@main.command()
+@click.argument("run_dir", required=False, type=click.Path(path_type=Path))
+@click.option("--root", type=click.Path(path_type=Path), default=Path("runs"), show_default=True,
+              help="Where run directories live; without RUN_DIR the newest is followed.")
+def tui(run_dir: Path | None, root: Path) -> None:
+    """Open the live dashboard (runs, tuning, runs browser) in this terminal."""
+    import os
+
+    # The TUI is a separate package that reads run stores; offloadlab never imports it.
+    args = [sys.executable, "-m", "tui", "--root", str(root), *([str(run_dir)] if run_dir else [])]
+    try:
+        os.execv(sys.executable, args)
+    except OSError as err:
+        _fail(f"could not start the TUI ({err}): is offloadlab installed with its tui package?")
+
+
 def _nvme_param_strategy(spec):
     from offloadlab.spec import DeepSpeedStrategy
 

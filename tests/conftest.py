@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import tomli_w
+
+from offloadlab.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,3 +69,25 @@ def world2(tmp_path_factory, nvme_root) -> Path:
     return folder / "run"
 
 
+def wait_for_worker(proc: subprocess.Popen, run_dir: Path, timeout: float = 300) -> psutil.Process:
+    """The worker process of the first strategy, once it has trained a step."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else f"exited {proc.returncode}"
+        if (run_dir / "offloadlab.sqlite").exists():
+            store = RunStore(run_dir)
+            try:
+                trained = store.conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0] > 0
+            except sqlite3.OperationalError:
+                trained = False  # the runner has opened the file but not yet created the schema
+            if trained:
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    try:
+                        cmdline = " ".join(child.cmdline())
+                    except psutil.Error:
+                        continue  # a process that exited while listed
+                    if "offloadlab.worker" in cmdline and "torch.distributed.run" not in cmdline:
+                        return child
+            store.close()
+        time.sleep(0.2)
+    raise AssertionError("the first strategy never trained a step")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, STRATEGIES, cli, write_spec
+from conftest import REPO, STRATEGIES, cli, wait_for_worker, write_spec
 from offloadlab.compare import summarize
 from offloadlab.store import RunStore
 
@@ -96,7 +95,7 @@ def test_a_killed_strategy_is_recorded_and_the_others_go_on(tmp_path, nvme_root)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "offloadlab.cli", "run", str(spec), "--out", str(run_dir)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    victim = _wait_for_worker(proc, run_dir)
+    victim = wait_for_worker(proc, run_dir)
     victim.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
@@ -114,7 +113,7 @@ def test_ctrl_c_stops_the_job_and_removes_what_the_run_created(tmp_path, nvme_ro
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "offloadlab.cli", "run", str(spec), "--out", str(run_dir)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    worker = _wait_for_worker(proc, run_dir)
+    worker = wait_for_worker(proc, run_dir)
     assert any(p.name.startswith("offloadlab-run-interrupted") for p in nvme_root.iterdir())
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
@@ -126,27 +125,3 @@ def test_ctrl_c_stops_the_job_and_removes_what_the_run_created(tmp_path, nvme_ro
     store = RunStore(run_dir)
     assert store.run()["status"] == "interrupted"
     assert store.strategies(store.run()["id"])[0]["reason"] == "interrupted by the user"
-
-
-def _wait_for_worker(proc: subprocess.Popen, run_dir: Path, timeout: float = 300) -> psutil.Process:
-    """The worker process of the first strategy, once it has trained a step."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
-        if (run_dir / "offloadlab.sqlite").exists():
-            store = RunStore(run_dir)
-            try:
-                trained = store.conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0] > 0
-            except sqlite3.OperationalError:
-                trained = False  # the runner has opened the file but not yet created the schema
-            if trained:
-                for child in psutil.Process(proc.pid).children(recursive=True):
-                    try:
-                        cmdline = " ".join(child.cmdline())
-                    except psutil.Error:
-                        continue  # a process that exited while listed
-                    if "offloadlab.worker" in cmdline and "torch.distributed.run" not in cmdline:
-                        return child
-            store.close()
-        time.sleep(0.2)
-    raise AssertionError("the first strategy never trained a step")

@@ -1,0 +1,324 @@
+"""The Textual TUI, driven by Pilot against run stores written by real runs of the real CLI.
+
+Functional tests read stores from real tiny runs (world1, a quick tune, a live run started from the TUI);
+the snapshot tests use a store written through RunStore with fixed numbers, since real timings differ
+from run to run and a snapshot must not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from textual.widgets import DataTable, Sparkline, Static
+
+from conftest import cli, wait_for_worker
+from offloadlab.compare import summarize
+from offloadlab.store import DB_NAME, RunStore, StepRecord
+from tui import processes
+from tui.app import OffloadlabApp
+from tui.reader import ReaderError, find_runs, read_run
+from tui.screens import DashboardScreen, RunsScreen, TuneScreen
+from tui.widgets import CompareTable, StrategyPanel, TuneHeatmap
+
+SIZE = (80, 24)
+
+
+def copy_store(source_run_dir: Path, dest_run_dir: Path) -> Path:
+    """A consistent copy of a run store (SQLite's backup API, WAL content included)."""
+    dest_run_dir.mkdir(parents=True)
+    with sqlite3.connect(source_run_dir / DB_NAME) as src, sqlite3.connect(dest_run_dir / DB_NAME) as dst:
+        src.backup(dst)
+    return dest_run_dir
+
+
+@pytest.fixture(scope="module")
+def tuned_dir(tmp_path_factory, nvme_root) -> Path:
+    out = tmp_path_factory.mktemp("tui-tune") / "tune-quick"
+    cli("tune", "--nvme", str(nvme_root), "--quick", "--out", str(out))
+    return out
+
+
+@pytest.fixture
+def root(tmp_path, world1, tuned_dir) -> Path:
+    """A runs folder holding a copy of the real four-strategy run and of a real quick tune."""
+    copy_store(world1, tmp_path / "runs" / "world1")
+    copy_store(tuned_dir, tmp_path / "runs" / "tune-quick")
+    return tmp_path / "runs"
+
+
+async def wait_until(pilot, predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "the TUI never showed what was expected"
+        await pilot.pause(0.1)
+
+
+def text_of(widget: Static) -> str:
+    return str(widget.render())
+
+
+def cell(table: DataTable, row_key: str, column: int) -> str:
+    return str(table.get_row(row_key)[column])
+
+
+def panels(app) -> dict[str, StrategyPanel]:
+    return {p.strategy_name: p for p in app.screen.query(StrategyPanel) if p.view is not None}
+
+
+def test_the_dashboard_shows_the_runs_own_numbers(root):
+    expected = {s.name: s for s in summarize(RunStore(root / "world1"))}
+    store = RunStore(root / "world1")
+    ids = {r["name"]: r["id"] for r in store.strategies(store.run()["id"])}
+
+    async def scenario():
+        app = OffloadlabApp(root=root, poll_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            # Both stores are under root; the dashboard follows the newest run, not the tune.
+            await wait_until(pilot, lambda: len(panels(app)) == 4)
+            assert isinstance(app.screen, DashboardScreen)
+            table = app.screen.query_one(CompareTable)
+            for name, summary in expected.items():
+                panel = panels(app)[name]
+                steps = [r.step_time_s for r in store.steps(ids[name], rank=0)]
+                assert panel.query_one("#m-step Sparkline", Sparkline).data == steps
+                assert f"step {summary.steps_done} of {summary.steps_planned}" in text_of(panel.query_one(".panel-title"))
+                # No GPU here: the GPU cells say so rather than waiting for data.
+                assert text_of(panel.query_one("#m-gpu .metric-value")) == "no GPU"
+                assert cell(table, name, 2) == f"{summary.median_step_time_s:.3f}"
+                assert cell(table, name, 3) == f"{summary.tokens_per_s:,.0f}"
+                assert cell(table, name, 8) == "verified"
+            # The NVMe strategy's disk series moved (it wrote its swap files under the temp drive).
+            assert max(panels(app)["zero3-nvme"].view.disk_write_bytes_per_s) > 0
+
+    asyncio.run(scenario())
+
+
+def test_keys_move_between_screens_and_open_a_run(root):
+    async def scenario():
+        app = OffloadlabApp(root=root, poll_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("t")
+            assert isinstance(app.screen, TuneScreen)
+            heatmap = app.screen.query_one(TuneHeatmap)
+            await wait_until(pilot, lambda: heatmap.row_count > 0)
+            tune = RunStore(root / "tune-quick")
+            best = next(r for r in tune.tune_points(tune.run()["id"]) if r["is_best"])
+            cells = [str(c) for row in range(heatmap.row_count) for c in heatmap.get_row_at(row)]
+            assert any(c.strip().startswith(f"{best['score_gbps']:.2f}*") for c in cells), cells
+            threads, grid = app.screen.threads, [heatmap.get_row_at(r) for r in range(heatmap.row_count)]
+            await pilot.press("right_square_bracket")
+            assert app.screen.threads != threads  # another thread count's grid
+            assert [heatmap.get_row_at(r) for r in range(heatmap.row_count)] != grid
+            await pilot.press("r")
+            assert isinstance(app.screen, RunsScreen)
+            runs = app.screen.query_one("#runs", DataTable)
+            await wait_until(pilot, lambda: runs.row_count == 2)
+            row = next(i for i in range(runs.row_count) if runs.get_row_at(i)[0] == "world1")
+            runs.move_cursor(row=row)
+            await pilot.press("enter")
+            assert isinstance(app.screen, DashboardScreen) and app.pinned_run == root / "world1"
+            await wait_until(pilot, lambda: len(panels(app)) == 4)
+            footer = " ".join(b.binding.description for b in app.active_bindings.values() if b.binding.show)
+            assert all(word in footer for word in ("Dashboard", "Tune", "Runs", "Quit"))
+
+    asyncio.run(scenario())
+
+
+def test_a_run_that_appears_while_open_is_picked_up(tmp_path, world1):
+    root = tmp_path / "runs"
+    root.mkdir()
+
+    async def scenario():
+        app = OffloadlabApp(root=root, poll_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: "no runs under" in text_of(app.screen.query_one("#message")))
+            copy_store(world1, root / "arrived")
+            await wait_until(pilot, lambda: len(panels(app)) == 4)
+            assert not app.screen.query_one("#message").display
+            await pilot.press("r")
+            runs = app.screen.query_one("#runs", DataTable)
+            await wait_until(pilot, lambda: runs.row_count == 1 and runs.get_row_at(0)[0] == "arrived")
+
+    asyncio.run(scenario())
+
+
+def test_a_deleted_or_corrupt_store_gives_a_message_not_a_traceback(tmp_path, world1):
+    run_dir = copy_store(world1, tmp_path / "runs" / "doomed")
+    corrupt = tmp_path / "runs" / "corrupt"
+    corrupt.mkdir()
+    (corrupt / DB_NAME).write_bytes(b"this is not SQLite" * 100)
+
+    async def scenario():
+        app = OffloadlabApp(root=tmp_path / "runs", run_dir=run_dir, poll_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: len(panels(app)) == 4)
+            for path in run_dir.glob(f"{DB_NAME}*"):
+                path.unlink()
+            message = app.screen.query_one("#message")
+            await wait_until(pilot, lambda: "or it was deleted" in text_of(message))
+            app.open_dir(corrupt)
+            await wait_until(pilot, lambda: "is not a readable offloadlab run store" in text_of(message))
+            await pilot.press("r")
+            runs = app.screen.query_one("#runs", DataTable)
+            await wait_until(pilot, lambda: runs.row_count == 1)
+            assert str(runs.get_row_at(0)[2]).startswith("unreadable")
+        assert app.return_code in (0, None)
+
+    asyncio.run(scenario())
+    with pytest.raises(ReaderError, match="not a readable offloadlab run store"):
+        read_run(corrupt)
+
+
+def test_a_live_run_started_from_the_tui_shows_progress_and_failure_and_outlives_it(tmp_path, monkeypatch):
+    from conftest import write_spec
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    spec = write_spec(tmp_path, [dict(name="victim", engine="fsdp2"), dict(name="survivor", engine="fsdp2")],
+                      steps=300, verify_checkpoint=False)
+    root = tmp_path / "runs"
+    jobs: list[processes.Job] = []
+
+    async def scenario():
+        app = OffloadlabApp(root=root, poll_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("r", "s")
+            await pilot.press(*str(spec))
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: len(app.jobs) == 1)
+            job = app.jobs[0]
+            jobs.append(job)
+            worker = await asyncio.to_thread(wait_for_worker, job.process, job.out_dir)
+            await pilot.press("d")
+            header = app.screen.query_one("#run-header")
+            await wait_until(pilot, lambda: "now: victim step" in text_of(header))
+            worker.send_signal(signal.SIGKILL)  # what the OOM killer sends
+            await wait_until(pilot, lambda: "victim" in panels(app)
+                             and "does not fit" in text_of(panels(app)["victim"].query_one(".panel-title")), 120)
+            assert "SIGKILL" in text_of(panels(app)["victim"].query_one(".panel-title"))
+            await wait_until(pilot, lambda: "now: survivor step" in text_of(header), 120)
+        # The TUI has closed; the run it started goes on.
+        assert job.running
+
+    try:
+        asyncio.run(scenario())
+        job = jobs[0]
+        job.stop()
+        assert job.process.wait(timeout=120) == 130  # SIGTERM is handled like Ctrl-C
+        store = RunStore(job.out_dir)
+        survivor = next(s for s in store.strategies(store.run()["id"]) if s["name"] == "survivor")
+        assert (survivor["status"], survivor["reason"]) == ("failed", "interrupted by the user")
+        assert store.run()["status"] == "interrupted"
+    finally:
+        for job in jobs:
+            if job.running:
+                job.process.kill()
+
+
+def test_stop_from_the_runs_screen_ends_a_tune_and_it_cleans_up(tmp_path, nvme_root):
+    root = tmp_path / "runs"
+    drive = nvme_root / "tui-stop"
+    drive.mkdir()
+
+    async def scenario():
+        app = OffloadlabApp(root=root, poll_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("r", "a")
+            await pilot.press(*str(drive))
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: len(app.jobs) == 1)
+            job = app.jobs[0]
+            # Points reach the store as the sweep measures them.
+            await wait_until(pilot, lambda: any(e.kind == "tune" for e in find_runs(root))
+                             and RunStore(job.out_dir).conn.execute("SELECT COUNT(*) FROM tune_points").fetchone()[0] > 0, 120)
+            await pilot.press("x")
+            code = await asyncio.to_thread(job.process.wait, 120)
+            assert code == 130
+            assert not job.out_dir.exists()  # the tune removes the output folder it began
+            assert list(drive.iterdir()) == []  # and its probe files
+
+    asyncio.run(scenario())
+
+
+# -- snapshots: fixed numbers written through the store's own API ------------------------------------------------
+T0 = 1_764_000_000.0
+
+
+def _fixed_run(root: Path) -> None:
+    (root / "demo").mkdir(parents=True)
+    store = RunStore(root / "demo", create_schema=True)
+    run_id = store.add_run("demo", "")
+    store.conn.execute("UPDATE runs SET created_at = ? WHERE id = ?", (T0, run_id))
+    specs = [("zero3-nvme", "deepspeed", "done", None), ("fsdp2-cpu-offload", "fsdp2", "does_not_fit",
+             "host RAM exhausted: the worker was killed (SIGKILL)"), ("fsdp2", "fsdp2", "running", None)]
+    for index, (name, engine, status, reason) in enumerate(specs):
+        sid = store.add_strategy(run_id, name, engine, {}, steps_planned=8)
+        store.set_strategy_status(sid, status, reason)
+        store.add_events(sid, None, [(None, "telemetry_note", T0, None, "GPU fields absent: NVML unavailable (test)")])
+        steps = 8 if status == "done" else (3 if status == "running" else 0)
+        for step in range(1, steps + 1):
+            start = T0 + 10 * index + step
+            duration = 0.5 + 0.1 * ((step * 7) % 5)
+            store.add_step(sid, 0, StepRecord(step, 5.0 - 0.1 * step, start, start + duration, 1000 / duration, None, None,
+                                              None, 300 << 20, 4 << 20, 6 << 20))
+        store.add_samples(sid, [(T0 + 10 * index + i / 2, "disk", "disk.write(B/s)", float((i * 37) % 11) * 1e6)
+                                for i in range(2 * steps)])
+        if status == "done":
+            store.set_checkpoint_result(sid, True, "digests match")
+
+
+def _fixed_tune(root: Path) -> None:
+    (root / "tune-demo").mkdir(parents=True)
+    store = RunStore(root / "tune-demo", create_schema=True)
+    run_id = store.add_run("tune", "")
+    store.conn.execute("UPDATE runs SET created_at = ? WHERE id = ?", (T0 - 3600, run_id))
+    rows = []
+    for block in (256 << 10, 1 << 20, 8 << 20):
+        for depth in (8, 32, 128):
+            for threads in (1, 2):
+                read = 1.0 + 0.1 * (block.bit_length() - 18) + 0.002 * depth + 0.05 * threads
+                write = 1.5 + 0.05 * (block.bit_length() - 18) + 0.001 * depth
+                rows.append(dict(stage="coarse", block_size=block, queue_depth=depth, intra_op_parallelism=threads,
+                                 single_submit=0, overlap_events=1, read_gbps=read, read_spread=0.02, write_gbps=write,
+                                 write_spread=0.03, repeats=1, score_gbps=2 * read * write / (read + write), is_best=0,
+                                 is_deepspeed_default=int(block == 1 << 20 and depth == 8 and threads == 1)))
+    max(rows, key=lambda r: r["score_gbps"])["is_best"] = 1
+    store.upsert_tune_points(run_id, rows)
+    store.set_run_status(run_id, "done")
+
+
+@pytest.fixture
+def fixed_root(tmp_path) -> Path:
+    root = tmp_path / "runs"
+    _fixed_run(root)
+    _fixed_tune(root)
+    return root
+
+
+async def _settle(pilot) -> None:
+    await pilot.pause(1.0)
+
+
+@pytest.mark.parametrize("keys", [(), ("t",), ("r",)], ids=["dashboard", "tune", "runs"])
+def test_snapshots_of_the_main_screens(fixed_root, snap_compare, keys):
+    app = OffloadlabApp(root=fixed_root, poll_s=0.2)
+    assert snap_compare(app, press=keys, terminal_size=SIZE, run_before=_settle)
+
+
+def test_snapshot_of_the_dashboard_on_a_large_terminal(fixed_root, snap_compare):
+    app = OffloadlabApp(root=fixed_root, poll_s=0.2)
+    assert snap_compare(app, terminal_size=(140, 48), run_before=_settle)
+
+
+def test_the_reader_works_without_textual(fixed_root):
+    view = read_run(fixed_root / "demo")
+    assert [s.name for s in view.strategies] == ["zero3-nvme", "fsdp2-cpu-offload", "fsdp2"]
+    assert view.current.name == "fsdp2" and view.current.eta_s == pytest.approx(5 * 0.7)  # median 0.7 s x 5 left
+    assert view.strategies[1].summary.reason.startswith("host RAM exhausted")
+    assert json.dumps([e.name for e in find_runs(fixed_root)]) == '["demo", "tune"]'

@@ -1,0 +1,44 @@
+"""`offloadlab tui`: the Textual app. It reads run stores and starts jobs as separate processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import App
+
+from tui.processes import Job
+from tui.reader import find_runs
+from tui.screens import DashboardScreen, RunsScreen, TuneScreen
+
+
+class OffloadlabApp(App):
+    CSS_PATH = "offloadlab.tcss"
+    TITLE = "offloadlab"
+    MODES = {"dashboard": DashboardScreen, "tune": TuneScreen, "runs": RunsScreen}
+    BINDINGS = [("d", "switch_mode('dashboard')", "Dashboard"), ("t", "switch_mode('tune')", "Tune"),
+                ("r", "switch_mode('runs')", "Runs"), ("q", "quit", "Quit")]
+
+    def __init__(self, root: Path = Path("runs"), run_dir: Path | None = None, poll_s: float = 1.0):
+        super().__init__()
+        self.root, self.poll_s = Path(root), poll_s
+        # None: follow the newest run (or tune) under root, so one started later is picked up.
+        self.pinned_run: Path | None = None
+        self.pinned_tune: Path | None = None
+        self.jobs: list[Job] = []
+        self._start_dir = run_dir
+
+    def on_mount(self) -> None:
+        if self._start_dir is not None:
+            self.open_dir(Path(self._start_dir))
+        else:
+            self.switch_mode("dashboard")
+
+    def open_dir(self, path: Path) -> None:
+        entry = next((e for e in find_runs(path) if e.path == path), None)
+        if entry is not None and entry.kind == "tune":
+            self.pinned_tune = path
+            self.switch_mode("tune")
+        else:
+            # An unreadable or missing store still opens: the dashboard says what is wrong with it.
+            self.pinned_run = path
+            self.switch_mode("dashboard")

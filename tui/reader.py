@@ -1,0 +1,208 @@
+"""What the TUI shows, read from run stores: plain dataclasses, no Textual, usable from any script.
+
+Every read opens the database afresh, so a run store written by another process is followed live (WAL
+readers see each committed batch) and a database deleted or replaced under the TUI is noticed at once.
+Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from offloadlab.compare import StrategySummary, summarize
+from offloadlab.store import DB_NAME, RunStore
+
+TUNE_RUN_NAME = "tune"
+
+
+class ReaderError(Exception):
+    """A run directory that cannot be shown; the message says why, for the screen."""
+
+
+@dataclass(frozen=True)
+class StrategyView:
+    summary: StrategySummary
+    step_times_s: list[float]
+    tokens_per_s: list[float]
+    gpu_allocated_bytes: list[float]
+    """Peak allocated bytes of each step (rank 0); empty without a GPU."""
+    pcie_tx_bytes_per_s: list[float]
+    pcie_rx_bytes_per_s: list[float]
+    disk_read_bytes_per_s: list[float]
+    disk_write_bytes_per_s: list[float]
+    telemetry_notes: list[str]
+    """Why some fields are absent (no NVML, no block device), as the sampler recorded it."""
+    eta_s: float | None
+
+    @property
+    def name(self) -> str:
+        return self.summary.name
+
+    @property
+    def gpu_absent(self) -> bool:
+        """The sampler found no GPU (no NVML, no device): GPU panels say so instead of waiting for data."""
+        return any(n.startswith("GPU fields absent") for n in self.telemetry_notes)
+
+
+@dataclass(frozen=True)
+class RunView:
+    run_dir: Path
+    name: str
+    status: str
+    created_at: float
+    strategies: list[StrategyView]
+
+    @property
+    def current(self) -> StrategyView | None:
+        return next((s for s in self.strategies if s.summary.status == "running"), None)
+
+
+@dataclass(frozen=True)
+class TunePoint:
+    block_size: int
+    queue_depth: int
+    intra_op_parallelism: int
+    single_submit: bool
+    overlap_events: bool
+    read_gbps: float
+    write_gbps: float
+    score_gbps: float
+    repeats: int
+    stage: str
+    is_best: bool
+    is_deepspeed_default: bool
+
+
+@dataclass(frozen=True)
+class TuneView:
+    run_dir: Path
+    status: str
+    created_at: float
+    points: list[TunePoint]
+    """Best score first."""
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    path: Path
+    name: str
+    kind: str
+    """'run' or 'tune'."""
+    status: str
+    created_at: float
+    strategies_done: int
+    strategies_total: int
+
+
+def _open(run_dir: Path) -> RunStore:
+    if not (Path(run_dir) / DB_NAME).is_file():
+        raise ReaderError(f"{run_dir}: no run store ({DB_NAME}) here, or it was deleted")
+    try:
+        return RunStore(run_dir)
+    except sqlite3.DatabaseError as err:
+        raise ReaderError(f"{run_dir}: {DB_NAME} is not a readable offloadlab run store ({err})") from err
+
+
+def _read(run_dir: Path, read):
+    store = _open(run_dir)
+    try:
+        return read(store)
+    except LookupError as err:
+        raise ReaderError(str(err)) from err
+    except sqlite3.DatabaseError as err:  # corrupt pages, or tables missing: not our schema
+        raise ReaderError(f"{run_dir}: {DB_NAME} is not a readable offloadlab run store ({err})") from err
+    finally:
+        store.close()
+
+
+def _summed_by_time(rows: list[tuple[float, str, float | None]]) -> list[float]:
+    """One value per sample time, summed over GPUs (or devices) sampled at that time."""
+    by_time: dict[float, float] = {}
+    for t, _, value in rows:
+        if value is not None:
+            by_time[t] = by_time.get(t, 0.0) + value
+    return [by_time[t] for t in sorted(by_time)]
+
+
+def _eta(summary: StrategySummary, step_times: list[float]) -> float | None:
+    if summary.status != "running" or not step_times:
+        return None
+    return statistics.median(step_times) * max(0, summary.steps_planned - summary.steps_done)
+
+
+def _strategy_view(store: RunStore, strategy_id: int, summary: StrategySummary) -> StrategyView:
+    steps = store.steps(strategy_id, rank=0)
+    step_times = [r.step_time_s for r in steps]
+    notes = [row["detail"] for row in store.events(strategy_id, "telemetry_note")]
+    return StrategyView(
+        summary=summary,
+        step_times_s=step_times,
+        tokens_per_s=[r.tokens_per_s for r in steps],
+        gpu_allocated_bytes=[float(r.peak_allocated_bytes) for r in steps if r.peak_allocated_bytes is not None],
+        pcie_tx_bytes_per_s=_summed_by_time(store.samples(strategy_id, "gpu%.pcie_tx(B/s)")),
+        pcie_rx_bytes_per_s=_summed_by_time(store.samples(strategy_id, "gpu%.pcie_rx(B/s)")),
+        disk_read_bytes_per_s=_summed_by_time(store.samples(strategy_id, "disk.read(B/s)")),
+        disk_write_bytes_per_s=_summed_by_time(store.samples(strategy_id, "disk.write(B/s)")),
+        telemetry_notes=notes,
+        eta_s=_eta(summary, step_times),
+    )
+
+
+def read_run(run_dir: Path) -> RunView:
+    def read(store: RunStore) -> RunView:
+        run = store.run()
+        ids = {row["name"]: row["id"] for row in store.strategies(run["id"])}
+        views = [_strategy_view(store, ids[s.name], s) for s in summarize(store)]
+        return RunView(Path(run_dir), run["name"], run["status"], run["created_at"], views)
+
+    return _read(run_dir, read)
+
+
+def read_tune(run_dir: Path) -> TuneView:
+    def read(store: RunStore) -> TuneView:
+        run = store.run()
+        points = [TunePoint(
+            block_size=r["block_size"], queue_depth=r["queue_depth"], intra_op_parallelism=r["intra_op_parallelism"],
+            single_submit=bool(r["single_submit"]), overlap_events=bool(r["overlap_events"]), read_gbps=r["read_gbps"],
+            write_gbps=r["write_gbps"], score_gbps=r["score_gbps"], repeats=r["repeats"], stage=r["stage"],
+            is_best=bool(r["is_best"]), is_deepspeed_default=bool(r["is_deepspeed_default"]),
+        ) for r in store.tune_points(run["id"])]
+        return TuneView(Path(run_dir), run["status"], run["created_at"], points)
+
+    return _read(run_dir, read)
+
+
+def _entry(run_dir: Path) -> RunEntry:
+    def read(store: RunStore) -> RunEntry:
+        run = store.run()
+        strategies = store.strategies(run["id"])
+        finished = sum(1 for s in strategies if s["status"] in ("done", "failed", "does_not_fit"))
+        kind = "tune" if run["name"] == TUNE_RUN_NAME else "run"
+        return RunEntry(run_dir, run["name"], kind, run["status"], run["created_at"], finished, len(strategies))
+
+    try:
+        return _read(run_dir, read)
+    except ReaderError as err:
+        return RunEntry(run_dir, run_dir.name, "?", f"unreadable: {err}", run_dir.stat().st_mtime, 0, 0)
+
+
+def find_runs(root: Path) -> list[RunEntry]:
+    """Run directories directly under `root` (and `root` itself if it is one), newest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    candidates = [root, *sorted(p for p in root.iterdir() if p.is_dir())]
+    entries = [_entry(p) for p in candidates if (p / DB_NAME).is_file()]
+    return sorted(entries, key=lambda e: e.created_at, reverse=True)
+
+
+def latest(root: Path, kind: str) -> Path | None:
+    return next((e.path for e in find_runs(root) if e.kind == kind), None)
+
+
+def when(created_at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(created_at))

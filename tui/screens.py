@@ -1,0 +1,254 @@
+"""The three screens (live run, tune sweep, runs browser) and the prompt used to start a job.
+
+Each screen polls the run store from a worker thread and hands the result back to the UI thread; the
+screens never touch an engine or a training process, only the stores they write.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import DataTable, Footer, Header, Input, Label, Static
+
+from tui import processes
+from tui.reader import ReaderError, RunView, TuneView, find_runs, latest, read_run, read_tune, when
+from tui.widgets import CompareTable, RunHeader, StrategyPanel, TuneHeatmap, top_points_table
+
+
+class PollingScreen(Screen):
+    """A screen that re-reads its data every `app.poll_s` seconds, off the UI thread."""
+
+    def on_mount(self) -> None:
+        self.set_interval(self.app.poll_s, self.refresh_data)
+        self.refresh_data()
+
+    def on_screen_resume(self) -> None:
+        self.refresh_data()
+
+    def refresh_data(self) -> None:
+        self._load()
+
+    @work(thread=True, exclusive=True, group="read")
+    def _load(self) -> None:
+        try:
+            result = self.read()
+        except ReaderError as err:
+            result = err
+        self.app.call_from_thread(self.show, result)
+
+    def read(self):
+        raise NotImplementedError
+
+    def show(self, result) -> None:
+        raise NotImplementedError
+
+    def say(self, message: str | None) -> None:
+        box = self.query_one("#message", Static)
+        box.update(message or "")
+        box.display = bool(message)
+
+
+class DashboardScreen(PollingScreen):
+    """The run being followed: a panel per strategy and the comparison table."""
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield RunHeader(id="run-header")
+        yield Static(id="message")
+        yield VerticalScroll(id="panels")
+        yield CompareTable(id="compare")
+        yield Footer()
+
+    def read(self) -> RunView | None:
+        target = self.app.pinned_run or latest(self.app.root, "run")
+        return None if target is None else read_run(target)
+
+    async def show(self, result: RunView | ReaderError | None) -> None:
+        if result is None:
+            self.say(f"no runs under {self.app.root} yet: start one with `offloadlab run SPEC` or press r, then s")
+            return
+        if isinstance(result, ReaderError):
+            self.say(str(result))
+            return
+        self.say(None)
+        self.query_one(RunHeader).show(result)
+        await self._show_panels(result)
+        self.query_one(CompareTable).show(result)
+
+    async def _show_panels(self, view: RunView) -> None:
+        box = self.query_one("#panels", VerticalScroll)
+        panels = list(box.query(StrategyPanel))
+        if [p.strategy_name for p in panels] != [s.name for s in view.strategies]:
+            await box.remove_children()
+            panels = [StrategyPanel(s.name, classes="strategy") for s in view.strategies]
+            await box.mount_all(panels)
+        for panel, strategy in zip(panels, view.strategies):
+            panel.view = strategy
+
+
+class TuneScreen(PollingScreen):
+    """The aio sweep as a heatmap per thread count, with the leading points."""
+
+    BINDINGS = [("left_square_bracket", "threads(-1)", "fewer threads"), ("right_square_bracket", "threads(1)", "more threads")]
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.threads: int | None = None
+        self.view: TuneView | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="tune-title")
+        yield Static(id="message")
+        yield Static(id="threads")
+        yield TuneHeatmap(id="heatmap")
+        yield DataTable(id="top-points", cursor_type="none")
+        yield Footer()
+
+    def read(self) -> TuneView | None:
+        target = self.app.pinned_tune or latest(self.app.root, "tune")
+        return None if target is None else read_tune(target)
+
+    def show(self, result: TuneView | ReaderError | None) -> None:
+        if result is None:
+            self.say(f"no tune results under {self.app.root} yet: run `offloadlab tune --nvme PATH` or press r, then a")
+            return
+        if isinstance(result, ReaderError):
+            self.say(str(result))
+            return
+        self.say(None)
+        self.view = result
+        self._draw()
+
+    def _thread_counts(self) -> list[int]:
+        return sorted({p.intra_op_parallelism for p in self.view.points}) if self.view else []
+
+    def _draw(self) -> None:
+        view, counts = self.view, self._thread_counts()
+        if not counts:
+            self.query_one("#tune-title", Static).update(f"tune {view.run_dir.name}: {view.status}, no points measured yet")
+            return
+        best = next((p for p in view.points if p.is_best), view.points[0])
+        if self.threads not in counts:
+            self.threads = best.intra_op_parallelism
+        title = Text.assemble((f"tune {view.run_dir.name}", "bold"), f"  {view.status}  {len(view.points)} points  best ",
+                              (f"{best.score_gbps:.2f} GB/s", "bold green"),
+                              f" (read {best.read_gbps:.2f}, write {best.write_gbps:.2f})")
+        self.query_one("#tune-title", Static).update(title)
+        chips = Text("threads: ")
+        for t in counts:
+            chips.append(f" {t} ", style="reverse bold" if t == self.threads else "")
+        chips.append("   score GB/s by block size x queue depth; * best, d DeepSpeed default", style="dim")
+        self.query_one("#threads", Static).update(chips)
+        self.query_one(TuneHeatmap).show(view, self.threads)
+        top_points_table(self.query_one("#top-points", DataTable), view)
+
+    def action_threads(self, step: int) -> None:
+        counts = self._thread_counts()
+        if counts:
+            index = counts.index(self.threads) if self.threads in counts else 0
+            self.threads = counts[(index + step) % len(counts)]
+            self._draw()
+
+
+class PromptScreen(ModalScreen[str | None]):
+    """Ask for one path; Enter answers, Escape cancels."""
+
+    BINDINGS = [("escape", "cancel", "Cancel")]
+
+    def __init__(self, prompt: str, placeholder: str):
+        super().__init__()
+        self.prompt, self.placeholder = prompt, placeholder
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="prompt"):
+            yield Label(self.prompt)
+            yield Input(placeholder=self.placeholder)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class RunsScreen(PollingScreen):
+    """Past and running run directories under the root; open one, or start and stop jobs."""
+
+    BINDINGS = [("enter", "open", "Open"), ("s", "start_run", "Start run"), ("a", "start_tune", "Start tune"),
+                ("x", "stop", "Stop job")]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="message")
+        yield DataTable(id="runs", cursor_type="row")
+        yield Static(id="jobs")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#runs", DataTable).add_columns("run", "kind", "status", "strategies", "created")
+        super().on_mount()
+
+    def read(self):
+        return find_runs(self.app.root)
+
+    def show(self, entries) -> None:
+        table = self.query_one("#runs", DataTable)
+        selected = table.cursor_row
+        table.clear()
+        for e in entries:
+            strategies = f"{e.strategies_done}/{e.strategies_total}" if e.kind == "run" else "-"
+            table.add_row(e.path.name or str(e.path), e.kind, e.status, strategies, when(e.created_at), key=str(e.path))
+        if entries:
+            table.move_cursor(row=min(selected, len(entries) - 1))
+        self.say(None if entries else f"no run directories under {self.app.root} yet")
+        jobs = self.app.jobs
+        self.query_one("#jobs", Static).update(
+            "jobs started here:\n" + "\n".join(j.describe() for j in jobs) if jobs else "no jobs started from this TUI")
+
+    def action_open(self) -> None:
+        table = self.query_one("#runs", DataTable)
+        if table.row_count:
+            key = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+            self.app.open_dir(Path(key))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.app.open_dir(Path(event.row_key.value))
+
+    def action_start_run(self) -> None:
+        def start(spec: str | None) -> None:
+            if spec:
+                self._start(lambda: processes.start_run(Path(spec), self.app.root))
+
+        self.app.push_screen(PromptScreen("Spec to run (TOML):", "configs/tiny_cpu.toml"), start)
+
+    def action_start_tune(self) -> None:
+        def start(nvme: str | None) -> None:
+            if nvme:
+                self._start(lambda: processes.start_tune(Path(nvme), self.app.root))
+
+        self.app.push_screen(PromptScreen("Folder on the drive to tune (--nvme, quick sweep):", "/mnt/nvme0"), start)
+
+    def _start(self, launch) -> None:
+        try:
+            job = launch()
+        except OSError as err:
+            self.notify(str(err), severity="error")
+            return
+        self.app.jobs.append(job)
+        self.notify(f"started {job.describe()}")
+        self.refresh_data()
+
+    def action_stop(self) -> None:
+        running = [j for j in self.app.jobs if j.running]
+        if not running:
+            self.notify("no job started from this TUI is running", severity="warning")
+            return
+        running[-1].stop()
+        self.notify(f"stopping {running[-1].describe()}: it removes what it created")
+        self.refresh_data()

@@ -1,0 +1,180 @@
+"""Small widgets: one metric's sparkline, one strategy's panel, the comparison table, the tune heatmap."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Grid, Vertical
+from textual.reactive import reactive
+from textual.widgets import DataTable, Label, Sparkline, Static
+
+from offloadlab.compare import StrategySummary, human_bytes
+from tui.reader import RunView, StrategyView, TunePoint, TuneView
+
+STATUS_STYLE = {"done": "green", "does_not_fit": "yellow", "failed": "red", "running": "cyan", "pending": "dim"}
+
+
+def _rate(bytes_per_s: float) -> str:
+    return f"{human_bytes(bytes_per_s)}/s"
+
+
+def status_text(summary: StrategySummary, with_reason: bool = True) -> Text:
+    status = summary.status.replace("_", " ")
+    if with_reason and summary.reason and summary.status in ("does_not_fit", "failed"):
+        status += f": {summary.reason}"
+    return Text(status, style=STATUS_STYLE.get(summary.status, ""))
+
+
+class MetricSpark(Vertical):
+    """A titled sparkline with the latest value, or a note saying why there is no data."""
+
+    def __init__(self, title: str, **kwargs):
+        super().__init__(**kwargs)
+        self.title = title
+
+    def compose(self) -> ComposeResult:
+        yield Label(self.title, classes="metric-title")
+        yield Sparkline([], summary_function=max)
+        yield Label("-", classes="metric-value")
+
+    def show(self, values: list[float], latest: str | None, absent: str = "no data yet") -> None:
+        self.query_one(Sparkline).data = values
+        self.query_one(".metric-value", Label).update(latest if values and latest else absent)
+
+
+class StrategyPanel(Vertical):
+    """One strategy: status and progress, then its series as sparklines."""
+
+    view: reactive[StrategyView | None] = reactive(None, always_update=True, init=False)
+
+    METRICS = (("step", "step time"), ("tps", "tokens/s"), ("gpu", "GPU memory"), ("tx", "PCIe TX"),
+               ("rx", "PCIe RX"), ("read", "disk read"), ("write", "disk write"))
+
+    def __init__(self, strategy_name: str, **kwargs):
+        super().__init__(**kwargs)
+        self.strategy_name = strategy_name
+
+    def compose(self) -> ComposeResult:
+        yield Static(classes="panel-title")
+        with Grid(classes="metrics"):
+            for key, title in self.METRICS:
+                yield MetricSpark(title, id=f"m-{key}")
+
+    def watch_view(self, view: StrategyView) -> None:
+        s = view.summary
+        progress = f"step {s.steps_done} of {s.steps_planned}"
+        if view.eta_s is not None:
+            progress += f", ETA {view.eta_s:.0f} s"
+        title = Text.assemble((s.name, "bold"), f"  {s.engine}  ", status_text(s), f"  {progress}")
+        self.query_one(".panel-title", Static).update(title)
+        self.set_class(s.status == "running", "-running")
+        self.set_class(s.status in ("does_not_fit", "failed"), "-failed")
+        no_gpu = "no GPU" if view.gpu_absent else "no data yet"
+
+        def spark(key: str, values: list[float], fmt, absent: str = "no data yet") -> None:
+            self.query_one(f"#m-{key}", MetricSpark).show(values, fmt(values[-1]) if values else None, absent)
+
+        spark("step", view.step_times_s, lambda v: f"{v:.3f} s")
+        spark("tps", view.tokens_per_s, lambda v: f"{v:,.0f}")
+        spark("gpu", view.gpu_allocated_bytes, human_bytes, no_gpu)
+        spark("tx", view.pcie_tx_bytes_per_s, _rate, no_gpu)
+        spark("rx", view.pcie_rx_bytes_per_s, _rate, no_gpu)
+        no_disk = "no block device" if any("disk fields absent" in n for n in view.telemetry_notes) else "no data yet"
+        spark("read", view.disk_read_bytes_per_s, _rate, no_disk)
+        spark("write", view.disk_write_bytes_per_s, _rate, no_disk)
+
+
+class RunHeader(Static):
+    """The run's name and state, and what runs now."""
+
+    def show(self, view: RunView) -> None:
+        done = sum(1 for s in view.strategies if s.summary.status in ("done", "failed", "does_not_fit"))
+        folder = "" if view.run_dir.name == view.name else f"  {view.run_dir.name}"
+        text = Text.assemble((view.name, "bold"), f"{folder}  ", (view.status, "cyan" if view.status == "running" else ""),
+                             f"  {done}/{len(view.strategies)} strategies finished")
+        current = view.current
+        if current:
+            s = current.summary
+            eta = f", ETA {current.eta_s:.0f} s" if current.eta_s is not None else ""
+            text.append(f"\nnow: {s.name} step {s.steps_done} of {s.steps_planned}{eta}", style="cyan")
+        self.update(text)
+
+
+class CompareTable(DataTable):
+    """The strategies side by side; a row fills in when its strategy finishes."""
+
+    COLUMNS = ("strategy", "status", "step (s)", "tokens/s", "GPU peak", "host RSS", "NVMe r/w per step", "GPU idle", "ckpt")
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.add_columns(*self.COLUMNS)
+
+    def show(self, view: RunView) -> None:
+        self.clear()
+        for sv in view.strategies:
+            s = sv.summary
+            finished = s.status in ("done", "failed", "does_not_fit")
+            fmt = (lambda v, f: "-" if v is None or not finished else f.format(v))  # noqa: E731
+            idle = None if s.gpu_idle_share is None else 100 * s.gpu_idle_share
+            ckpt = {True: Text("verified", "green"), False: Text("FAILED", "red"), None: Text("-")}[s.checkpoint_verified]
+            self.add_row(
+                # The reason is in the strategy's panel; the table keeps to one short word.
+                s.name, status_text(s, with_reason=False), fmt(s.median_step_time_s, "{:.3f}"), fmt(s.tokens_per_s, "{:,.0f}"),
+                human_bytes(s.peak_allocated_bytes) if finished else "-",
+                human_bytes(s.host_rss_peak_bytes) if finished else "-",
+                f"{human_bytes(s.disk_read_bytes_per_step)} / {human_bytes(s.disk_write_bytes_per_step)}" if finished else "-",
+                fmt(idle, "{:.0f}%"), ckpt, key=s.name,
+            )
+
+
+def _size(block_size: int) -> str:
+    return f"{block_size >> 20}M" if block_size >= 1 << 20 else f"{block_size >> 10}K"
+
+
+class TuneHeatmap(DataTable):
+    """Score GB/s by block size (rows) x queue depth (columns) for one thread count; best point highlighted."""
+
+    def on_mount(self) -> None:
+        self.cursor_type = "none"
+        self.zebra_stripes = False
+
+    def show(self, view: TuneView, threads: int) -> None:
+        self.clear(columns=True)
+        points = [p for p in view.points if p.intra_op_parallelism == threads]
+        if not points:
+            return
+        depths = sorted({p.queue_depth for p in points})
+        blocks = sorted({p.block_size for p in points})
+        top = max(p.score_gbps for p in view.points)
+        low = min(p.score_gbps for p in view.points)
+        self.add_columns("block \\ depth", *(str(d) for d in depths))
+        best = next((p for p in view.points if p.is_best), None) or view.points[0]
+        for block in blocks:
+            cells: list[Text | str] = [_size(block)]
+            for depth in depths:
+                here = [p for p in points if p.block_size == block and p.queue_depth == depth]
+                if not here:
+                    cells.append("")
+                    continue
+                cell = max(here, key=lambda p: p.score_gbps)
+                cells.append(self._cell(cell, best in here, low, top))
+            self.add_row(*cells)
+
+    @staticmethod
+    def _cell(point: TunePoint, is_best: bool, low: float, top: float) -> Text:
+        share = 0.0 if top == low else (point.score_gbps - low) / (top - low)
+        shade = int(40 + 140 * share)
+        label = f"{point.score_gbps:.2f}" + ("*" if is_best else "") + ("d" if point.is_deepspeed_default else "")
+        style = "bold black on green" if is_best else f"white on rgb(0,{shade // 2},{shade})"
+        return Text(f" {label} ", style=style)
+
+
+def top_points_table(table: DataTable, view: TuneView, count: int = 8) -> None:
+    table.clear(columns=True)
+    table.add_columns("setting", "read GB/s", "write GB/s", "score", "n", "stage")
+    for p in view.points[:count]:
+        label = (f"bs={_size(p.block_size)} qd={p.queue_depth} t={p.intra_op_parallelism} "
+                 f"ss={int(p.single_submit)} ov={int(p.overlap_events)}")
+        style = "bold green" if p.is_best else ("cyan" if p.is_deepspeed_default else "")
+        table.add_row(Text(label, style), f"{p.read_gbps:.2f}", f"{p.write_gbps:.2f}", f"{p.score_gbps:.2f}",
+                      str(p.repeats), p.stage)
