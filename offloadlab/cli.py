@@ -173,6 +173,54 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
 
 
 @main.command()
+@click.argument("spec_path", required=False, type=click.Path(path_type=Path))
+@click.option("--model", "preset", help="A GPT preset (without SPEC), e.g. gpt-1.4b.")
+@click.option("--seq-len", default=1024, show_default=True)
+@click.option("--micro-batch", default=4, show_default=True)
+@click.option("--grad-accum", default=1, show_default=True)
+@click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True)
+@click.option("--gpus", type=int, help="GPUs (ranks) on this host; default: detected (or the spec's nproc).")
+@click.option("--gpu-mem", type=float, help="GiB per GPU; default: detected. 0 means no GPU.")
+@click.option("--host-mem", type=float, help="GiB of RAM to plan with; default: available now.")
+@click.option("--nvme", "nvme_path", type=click.Path(path_type=Path), help="NVMe folder; default: the spec's nvme_path.")
+@click.option("--tflops", type=float, help="Dense TFLOP/s of the GPU planned for; default: a matmul measured now.")
+@click.option("--pcie", type=float, help="Pinned host<->GPU GB/s of the machine planned for; default: measured now.")
+@click.option("--tuned", "tuned_dir", type=click.Path(path_type=Path), help="An `offloadlab tune` output folder to take NVMe speeds (and aio settings) from.")
+@click.option("--write", "write_dir", type=click.Path(path_type=Path), help="Write the winner (or --strategy) as a run spec, DeepSpeed JSON and Accelerate config here.")
+@click.option("--strategy", "chosen", help="With --write: the placement to write instead of the winner.")
+@click.option("--json", "as_json", is_flag=True)
+def plan(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, gpu_mem, host_mem, nvme_path, tflops, pcie,
+         tuned_dir, write_dir, chosen, as_json) -> None:
+    """Predict memory and a step-time bound for every placement on this machine, rank what fits."""
+    from offloadlab.plan_output import breakdown_table, plan_table, write_plan
+    from offloadlab.plan_inputs import PlanInputs
+
+    try:
+        inputs = PlanInputs.gather(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, gpu_mem,
+                                   host_mem, nvme_path, tuned_dir, console, tflops, pcie)
+    except SpecError as err:
+        _fail(str(err))
+    from offloadlab.plan import plan as make_plan, why_winner
+
+    predictions = make_plan(inputs.shape, inputs.machine, inputs.links, inputs.buffers)
+    if as_json:
+        click.echo(json.dumps(inputs.as_json(predictions), indent=2))
+    else:
+        console.print(inputs.machine_table())
+        console.print(plan_table(predictions, f"offloadlab plan: {inputs.title}"))
+        console.print(why_winner(predictions))
+    if write_dir:
+        feasible = [x for x in predictions if x.fits]
+        pick = next((x for x in predictions if x.placement.name == chosen), None) if chosen else (feasible[0] if feasible else None)
+        if pick is None:
+            _fail(f"--strategy {chosen!r} is not one of the planned placements" if chosen else "nothing fits: nothing to write")
+        if not as_json:
+            console.print(breakdown_table(pick))
+        for path in write_plan(pick, inputs.spec, write_dir, inputs.tuned_fragment):
+            console.print(f"wrote {path}")
+
+
+@main.command()
 @click.argument("run_dir", required=False, type=click.Path(path_type=Path))
 @click.option("--root", type=click.Path(path_type=Path), default=Path("runs"), show_default=True,
               help="Where run directories live; without RUN_DIR the newest is followed.")

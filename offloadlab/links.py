@@ -1,4 +1,5 @@
-"""Measured speeds of the links offloaded bytes cross, other than the NVMe drive (that is `tune`'s job).
+"""Measured speeds of what a training step crosses: PCIe, CPU Adam, dense matmul, and the NVMe drive
+(from `tune`'s stored results, else one quick measurement).
 
 The planner bounds step times with these; `tune` reports the PCIe copy beside the drive's figures,
 since a swap-in from NVMe ends on the GPU.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -39,3 +41,84 @@ def measure_pinned_copy(nbytes: int = 256 << 20, repeats: int = 5) -> PcieSpeed 
     h2d = best_seconds(lambda: device.copy_(host, non_blocking=True))
     d2h = best_seconds(lambda: host.copy_(device, non_blocking=True))
     return PcieSpeed(host_to_device_gbps=nbytes / h2d / 1e9, device_to_host_gbps=nbytes / d2h / 1e9)
+
+
+def measure_adam_params_per_s(deepspeed_cpu_adam: bool, numel: int = 8 << 20, repeats: int = 3) -> float:
+    """Parameters per second one optimizer step updates on the CPU: DeepSpeed's CPUAdam or torch's AdamW."""
+    param = torch.zeros(numel, dtype=torch.float32, requires_grad=True)
+    param.grad = torch.full_like(param, 1e-3)
+    if deepspeed_cpu_adam:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        optimizer = DeepSpeedCPUAdam([param], lr=1e-4)
+    else:
+        optimizer = torch.optim.AdamW([param], lr=1e-4)
+    optimizer.step()  # state allocation and first-touch are not the steady rate
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        optimizer.step()
+        best = min(best, time.perf_counter() - start)
+    return numel / best
+
+
+def measure_matmul_flops(precision: str, size: int = 4096, repeats: int = 5) -> float:
+    """Dense matmul FLOP/s on the training device: a ceiling no model step beats."""
+    cuda = torch.cuda.is_available()
+    dtype = torch.bfloat16 if precision == "bf16" and cuda else torch.float32
+    size = size if cuda else 1024
+    a = torch.randn(size, size, dtype=dtype, device="cuda" if cuda else "cpu")
+    b = torch.randn_like(a)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        a @ b
+        if cuda:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def nvme_from_tune_store(tune_dir: Path) -> tuple[float, float, str] | None:
+    """(read B/s, write B/s, source) of a finished `offloadlab tune` run's best point."""
+    from offloadlab.store import DB_NAME, RunStore
+
+    if not (tune_dir / DB_NAME).is_file():
+        return None
+    store = RunStore(tune_dir)
+    try:
+        run = store.run()
+        best = [r for r in store.tune_points(run["id"]) if r["is_best"]]
+        if run["status"] != "done" or not best:
+            return None
+        return best[0]["read_gbps"] * 1e9, best[0]["write_gbps"] * 1e9, f"tune results in {tune_dir}"
+    finally:
+        store.close()
+
+
+def measure_nvme_quick(nvme_path: Path, io_size: int = 64 << 20) -> tuple[float, float, str]:
+    """One measurement at DeepSpeed's default aio settings, in a folder of our own that is removed after."""
+    import shutil
+    import uuid
+
+    from offloadlab.aio_bench import DEEPSPEED_DEFAULT, AioBench
+    from offloadlab.preflight import check_direct_io, check_directory, check_free_disk, load_async_io
+
+    check_directory(nvme_path, "--nvme")
+    check_direct_io(nvme_path, "--nvme")
+    check_free_disk(nvme_path, io_size + (256 << 20), "--nvme")
+    load_async_io()
+    work = nvme_path / f"offloadlab-plan-{uuid.uuid4().hex[:8]}"
+    work.mkdir()
+    try:
+        bench = AioBench(work, io_size)
+        try:
+            t = bench.measure(DEEPSPEED_DEFAULT)
+        finally:
+            bench.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return t.read_gbps * 1e9, t.write_gbps * 1e9, f"a quick measurement of {nvme_path} at DeepSpeed's default aio settings"

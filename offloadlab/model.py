@@ -28,15 +28,19 @@ class GPTConfig:
     max_seq_len: int = 1024
     mlp_ratio: int = 4
 
+    def param_numels(self) -> list[int]:
+        """Elements of each parameter tensor, in the model's order (the planner needs their sizes, not just the sum)."""
+        d, r, v = self.d_model, self.mlp_ratio, self.vocab_size
+        block = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, r * d * d, r * d, r * d * d, d]  # ln, qkv, proj, ln, fc, fc_out
+        return [v * d, self.max_seq_len * d, *block * self.n_layers, d, d, v * d]
+
     @property
     def n_params(self) -> int:
-        d, v = self.d_model, self.vocab_size
-        per_block = 4 * d * d + 4 * d + 2 * self.mlp_ratio * d * d + (self.mlp_ratio + 1) * d + 4 * d
-        return v * d + self.max_seq_len * d + self.n_layers * per_block + 2 * d + v * d
+        return sum(self.param_numels())
 
     @property
     def largest_param_numel(self) -> int:
-        return max(self.vocab_size * self.d_model, self.mlp_ratio * self.d_model * self.d_model)
+        return max(self.param_numels())
 
 
 # Presets by parameter count; shapes follow GPT-2/GPT-3 (untied embeddings, vocab padded to 50304).

@@ -61,3 +61,12 @@ def test_hugging_face_config_builds_without_weights(tmp_path):
     model = build_model(ModelSpec(hf_config=tmp_path / "config.json"), seq_len=16, seed=0)
     assert len(model.blocks) == 2
     assert model(torch.randint(0, 256, (2, 16))).shape == (2, 16, 256)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small-cpu"])
+def test_the_planners_parameter_list_is_the_built_models(preset):
+    from offloadlab.model import build_model, gpt_config
+    from offloadlab.spec import ModelSpec
+
+    spec = ModelSpec(preset=preset)
+    assert gpt_config(spec, 64).param_numels() == [p.numel() for p in build_model(spec, 64, 0).parameters()]

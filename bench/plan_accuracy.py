@@ -1,0 +1,111 @@
+"""The planner's predictions against a real run of the same spec, strategy by strategy.
+
+    python bench/plan_accuracy.py SPEC [--out RUN_DIR] [--results FILE.json]
+
+Runs `offloadlab run SPEC` (real steps, telemetry on), then prints predicted vs measured peak GPU bytes
+(torch.cuda.memory_stats' allocated peak), host RSS peak, NVMe bytes read and written per step (the
+ranks' block-layer I/O) and the step time against the predicted lower bound, each with its ratio.
+Goals (issue 6): GPU memory within +-10%, NVMe bytes within +-5%, step time within 1.5x.
+Without a GPU the device is the CPU: GPU bytes are not measured and host RSS is compared with the
+predicted host + device bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from offloadlab.compare import summarize
+from offloadlab.plan import Placement, predict
+from offloadlab.plan_inputs import PlanInputs
+from offloadlab.spec import DeepSpeedStrategy, load_spec
+from offloadlab.store import RunStore
+
+GOALS = {"gpu": 0.10, "nvme_read": 0.05, "nvme_write": 0.05}
+STEP_TIME_GOAL = 1.5
+
+
+def placement_of(strategy, activation_checkpointing: bool) -> Placement:
+    if isinstance(strategy, DeepSpeedStrategy):
+        return Placement(strategy.name, "deepspeed", strategy.zero_stage, strategy.offload_optimizer, strategy.offload_param,
+                         ratio=strategy.ratio, activation_checkpointing=activation_checkpointing,
+                         max_in_cpu=strategy.max_in_cpu, aio_block_size=strategy.aio.block_size)
+    return Placement(strategy.name, "fsdp2", cpu_offload=strategy.cpu_offload, activation_checkpointing=activation_checkpointing)
+
+
+def _ratio(measured: float | None, predicted: float | None) -> float | None:
+    return None if not measured or not predicted else measured / predicted
+
+
+def compare(spec_path: Path, run_dir: Path, console: Console) -> list[dict]:
+    spec = load_spec(spec_path)
+    inputs = PlanInputs.for_spec(spec_path, console)
+    measured = {s.name: s for s in summarize(RunStore(run_dir))}
+    gpu = inputs.machine.gpu_mem_bytes is not None
+    rows = []
+    for strategy in spec.strategy:
+        pred = predict(placement_of(strategy, spec.model.activation_checkpointing), inputs.shape, inputs.machine,
+                       inputs.links, inputs.buffers)
+        m = measured[strategy.name]
+        moved = pred.step.bytes_moved if pred.step else {}
+        host_predicted = pred.memory.host_bytes + (0 if gpu else pred.memory.gpu_bytes)
+        rows.append({
+            "strategy": strategy.name, "status": m.status,
+            "gpu_predicted": pred.memory.gpu_bytes if gpu else None, "gpu_measured": m.peak_allocated_bytes,
+            "host_predicted": host_predicted, "host_measured": m.host_rss_peak_bytes,
+            "nvme_read_predicted": moved.get("nvme_read"), "nvme_read_measured": m.disk_read_bytes_per_step,
+            "nvme_write_predicted": moved.get("nvme_write"), "nvme_write_measured": m.disk_write_bytes_per_step,
+            "step_predicted": pred.step.seconds if pred.step else None, "step_measured": m.median_step_time_s,
+        })
+    return rows
+
+
+def table(rows: list[dict], title: str) -> Table:
+    out = Table(title=title, header_style="bold")
+    out.add_column("strategy")
+    for what in ("GPU peak", "host RSS", "NVMe read/step", "NVMe write/step", "step time"):
+        out.add_column(f"{what}\npred / meas (ratio)", justify="right")
+
+    def cell(row, key, unit=2**30, fmt="{:.2f}", within=lambda r: True):
+        p, m = row[f"{key}_predicted"], row[f"{key}_measured"]
+        r = _ratio(m, p)
+        text = f"{'-' if p is None else fmt.format(p / unit)} / {'-' if m is None else fmt.format(m / unit)}"
+        if r is not None:
+            text += f" ([{'green' if within(r) else 'red'}]{r:.2f}[/])"
+        return text
+
+    for row in rows:
+        out.add_row(f"{row['strategy']}\n[dim]{row['status']}[/]", cell(row, "gpu", within=lambda r: abs(r - 1) <= GOALS["gpu"]),
+                    cell(row, "host"),
+                    cell(row, "nvme_read", 2**20, "{:.1f}", lambda r: abs(r - 1) <= GOALS["nvme_read"]),
+                    cell(row, "nvme_write", 2**20, "{:.1f}", lambda r: abs(r - 1) <= GOALS["nvme_write"]),
+                    cell(row, "step", 1, "{:.3f}", lambda r: r <= STEP_TIME_GOAL))
+    out.caption = "GiB, except NVMe (MiB) and step time (s); ratio = measured / predicted; goals: GPU +-10%, NVMe +-5%, step <= 1.5x"
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("spec", type=Path)
+    parser.add_argument("--out", type=Path, help="Run directory (default: a temporary one)")
+    parser.add_argument("--results", type=Path)
+    args = parser.parse_args()
+    console = Console(width=170)
+    with tempfile.TemporaryDirectory() as scratch:
+        run_dir = args.out or Path(scratch) / "run"
+        subprocess.run([sys.executable, "-m", "offloadlab.cli", "run", str(args.spec), "--out", str(run_dir)], check=True)
+        rows = compare(args.spec, run_dir, console)
+    console.print(table(rows, f"plan accuracy: {args.spec}"))
+    if args.results:
+        args.results.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

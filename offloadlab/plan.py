@@ -1,0 +1,444 @@
+"""`offloadlab plan`: predicted memory per rank and a step-time lower bound for every placement.
+
+Model states follow the ZeRO paper's accounting, in the precisions the two engines really keep:
+- DeepSpeed, bf16: 16-bit parameters and gradients (2 + 2 bytes), and for the optimizer an fp32 master,
+  an fp32 gradient partition and Adam's m and v (4 + 4 + 8). fp32: 4-byte parameters and gradients,
+  Adam 8, no master copy. ZeRO-1 partitions the optimizer, ZeRO-2 also the gradients, ZeRO-3 also the
+  parameters; ZeRO-3 additionally holds the layer being gathered (16-bit parameter + gradient, DeepSpeed's
+  own `largest_layer_memory`).
+- FSDP2: fp32 sharded parameters and gradients (reduce in fp32) and Adam m, v on the shard: 16 bytes a
+  parameter / N, plus the 16-bit copy of the block being gathered (MixedPrecisionPolicy).
+`tests/test_plan.py` checks these against DeepSpeed's `estimate_zero2/zero3_model_states_mem_needs`.
+
+Activations per block and token (16-bit, flash/efficient attention, so no seq^2 term): the block's
+saved inputs of LayerNorms, QKV, attention out, the MLP's two matmuls and GELU: 16 elements x d_model.
+With activation checkpointing only the block's input is kept, plus one block's worth while recomputing.
+The loss adds the logits (16-bit) and their fp32 copy and gradient, per micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from offloadlab.model import GPTConfig
+
+GiB = 1 << 30
+# Resident host bytes of a training process before any model state (Python, torch, the runtime);
+# a tiny CPU run's whole RSS is 340-420 MiB.
+HOST_BASELINE_BYTES = 512 << 20
+# DeepSpeed's NVMe optimizer swapper keeps this many fp32 sub-group buffers pinned (optimizer_buffer_count
+# in the config is their number); their size is the largest sub-group, capped at sub_group_size.
+DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the planner needs of a model and its batch."""
+
+    n_params: int
+    n_layers: int
+    d_model: int
+    vocab_size: int
+    largest_param_numel: int
+    seq_len: int
+    micro_batch: int
+    grad_accum: int
+    param_bytes: int
+    """2 for bf16, 4 for fp32."""
+    param_numels: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, cfg: GPTConfig, seq_len: int, micro_batch: int, grad_accum: int, precision: str) -> "Shape":
+        cfg = replace(cfg, max_seq_len=seq_len)  # the position table is built for the run's sequence length
+        return cls(cfg.n_params, cfg.n_layers, cfg.d_model, cfg.vocab_size, cfg.largest_param_numel, seq_len,
+                   micro_batch, grad_accum, 2 if precision == "bf16" else 4, tuple(cfg.param_numels()))
+
+    @property
+    def block_params(self) -> int:
+        return (self.n_params - 2 * self.vocab_size * self.d_model) // max(1, self.n_layers)
+
+
+@dataclass(frozen=True)
+class Placement:
+    name: str
+    engine: str
+    zero_stage: int = 3
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+    cpu_offload: bool = False
+    """FSDP2's CPUOffloadPolicy."""
+    ratio: float = 1.0
+    """DeepSpeed's partial optimizer offload: the share of optimizer states on the CPU."""
+    activation_checkpointing: bool = False
+    max_in_cpu: int = 1_000_000_000
+    """DeepSpeed keeps up to this many parameter elements (per rank) in pinned CPU memory even with
+    offload_param = "nvme"; only the rest is read from NVMe."""
+    aio_block_size: int = 1 << 20
+
+    @property
+    def uses_nvme(self) -> bool:
+        return "nvme" in (self.offload_param, self.offload_optimizer)
+
+    def strategy(self) -> dict:
+        """The `[[strategy]]` table of a run spec for this placement."""
+        if self.engine == "fsdp2":
+            return {"name": self.name, "engine": "fsdp2", "cpu_offload": self.cpu_offload}
+        out = {"name": self.name, "engine": "deepspeed", "zero_stage": self.zero_stage,
+               "offload_optimizer": self.offload_optimizer, "offload_param": self.offload_param}
+        if self.ratio < 1.0:
+            out["ratio"] = self.ratio
+        if self.offload_param == "nvme" and self.max_in_cpu != Placement.max_in_cpu:
+            out["max_in_cpu"] = self.max_in_cpu
+        return out
+
+
+def candidate_placements() -> list[Placement]:
+    """Every placement offloadlab can run: ZeRO 1/2/3 x none/cpu/nvme where DeepSpeed allows it, FSDP2 +- offload."""
+    out = [Placement("zero1", "deepspeed", 1), Placement("zero1-cpu", "deepspeed", 1, "cpu"),
+           Placement("zero2", "deepspeed", 2), Placement("zero2-cpu", "deepspeed", 2, "cpu")]
+    for optimizer in ("none", "cpu", "nvme"):
+        for param in ("none", "cpu", "nvme"):
+            if optimizer == "none" and param != "none":
+                continue  # DeepSpeed offloads parameters only together with the optimizer
+            suffix = "" if optimizer == param == "none" else f"-opt-{optimizer}" + ("" if param == "none" else f"-param-{param}")
+            out.append(Placement(f"zero3{suffix}", "deepspeed", 3, optimizer, param))
+    out += [Placement("fsdp2", "fsdp2"), Placement("fsdp2-cpu-offload", "fsdp2", cpu_offload=True)]
+    return out
+
+
+@dataclass
+class Memory:
+    """Bytes per rank by place and purpose (NVMe and host totals are per host: all its ranks)."""
+
+    gpu: dict[str, float] = field(default_factory=dict)
+    host_pinned: dict[str, float] = field(default_factory=dict)
+    host_pageable: dict[str, float] = field(default_factory=dict)
+    nvme: dict[str, float] = field(default_factory=dict)
+    host_build_bytes: float = 0.0
+    """The fp32 model a rank builds on the CPU before the engine takes it: freed before training states
+    are allocated, so the host peak is the larger of the two phases, not their sum."""
+
+    def add(self, place: str, what: str, nbytes: float) -> None:
+        if nbytes:
+            target = getattr(self, place)
+            target[what] = target.get(what, 0.0) + nbytes
+
+    @property
+    def gpu_bytes(self) -> float:
+        return sum(self.gpu.values())
+
+    @property
+    def host_state_bytes(self) -> float:
+        return sum(self.host_pinned.values()) + sum(self.host_pageable.values())
+
+    @property
+    def host_bytes(self) -> float:
+        """Peak host bytes of the rank: runtime plus the larger of the build copy and the training states."""
+        return HOST_BASELINE_BYTES + max(self.host_build_bytes, self.host_state_bytes)
+
+    @property
+    def pinned_bytes(self) -> float:
+        return sum(self.host_pinned.values())
+
+    @property
+    def nvme_bytes(self) -> float:
+        return sum(self.nvme.values())
+
+
+@dataclass(frozen=True)
+class ModelStateBytes:
+    """Bytes per parameter of each model state DeepSpeed keeps."""
+
+    param: int
+    """The model's dtype: 2 for bf16, 4 for fp32."""
+    grad: int
+    optimizer: int = 16
+    """fp32 master partition, fp32 gradient partition, Adam m and v (DeepSpeed keeps the fp32 copies in
+    fp32 training too)."""
+
+    @classmethod
+    def deepspeed(cls, param_bytes: int) -> "ModelStateBytes":
+        return cls(param=param_bytes, grad=param_bytes)
+
+
+def _place_of(device: str) -> str:
+    return {"none": "gpu", "cpu": "host_pinned", "nvme": "nvme"}[device]
+
+
+def deepspeed_model_states(p: Placement, shape: Shape, world: int) -> Memory:
+    """Parameters, gradients and optimizer states of one rank (NVMe: of the host, all its ranks)."""
+    m, n, b = Memory(), shape.n_params, ModelStateBytes.deepspeed(shape.param_bytes)
+    params_here = n / world if p.zero_stage == 3 else n
+    if p.offload_param == "nvme":
+        in_cpu = min(params_here, p.max_in_cpu)
+        m.add("host_pinned", "parameters (max_in_cpu)", b.param * in_cpu)
+        m.add("nvme", "parameters", b.param * (params_here - in_cpu) * world)
+    else:
+        m.add(_place_of(p.offload_param), "parameters", b.param * params_here)
+    if p.zero_stage == 3:
+        # The layer being gathered: its 16-bit parameters and their gradients (DeepSpeed's largest_layer_memory).
+        m.add("gpu", "gathered layer", (b.param + b.grad) * shape.largest_param_numel)
+    if p.offload_optimizer == "none" and p.zero_stage < 3:
+        m.add("gpu", "gradients", b.grad * (n if p.zero_stage == 1 else n / world))
+    # ZeRO-3 reduces gradients straight into the optimizer's fp32 partition, and with the optimizer
+    # offloaded they stream to it as they are reduced: either way they are in `optimizer`.
+    optimizer = b.optimizer * n / world
+    if p.offload_optimizer == "none":
+        m.add("gpu", "optimizer states", optimizer)
+    else:
+        # ratio < 1 keeps the rest on the GPU (DeepSpeed's partial optimizer offload).
+        m.add(_place_of(p.offload_optimizer), "optimizer states",
+              optimizer * p.ratio * (world if p.offload_optimizer == "nvme" else 1))
+        m.add("gpu", "optimizer states", optimizer * (1 - p.ratio))
+    return m
+
+
+def fsdp2_model_states(p: Placement, shape: Shape, world: int) -> Memory:
+    m, n = Memory(), shape.n_params
+    shard = 16 * n / world  # fp32 parameter, fp32 gradient, Adam m and v
+    if p.cpu_offload:
+        m.add("host_pinned", "parameters + gradients (fp32 shards)", 8 * n / world)
+        m.add("host_pageable", "optimizer states", 8 * n / world)
+    else:
+        m.add("gpu", "parameters + gradients + optimizer (fp32 shards)", shard)
+    # One block gathered in the compute precision, and its unsharded gradient before reduce-scatter;
+    # the root's embeddings and head stay gathered (reshard_after_forward=False on the root).
+    root = 2 * shape.vocab_size * shape.d_model
+    m.add("gpu", "gathered block + root", (shape.param_bytes + 4) * (shape.block_params + root))
+    return m
+
+
+def activation_bytes(shape: Shape, checkpointing: bool) -> float:
+    tokens = shape.seq_len * shape.micro_batch
+    per_block = 16 * tokens * shape.d_model * shape.param_bytes
+    blocks = (shape.n_layers * tokens * shape.d_model * shape.param_bytes + per_block) if checkpointing \
+        else shape.n_layers * per_block
+    # Logits in the compute precision, their fp32 copy for the loss and its gradient.
+    loss = tokens * shape.vocab_size * (shape.param_bytes + 4 + 4)
+    return blocks + loss
+
+
+def predict_memory(p: Placement, shape: Shape, world: int, buffers: "SwapBuffers | None" = None) -> Memory:
+    m = deepspeed_model_states(p, shape, world) if p.engine == "deepspeed" else fsdp2_model_states(p, shape, world)
+    m.add("gpu", "activations", activation_bytes(shape, p.activation_checkpointing))
+    # Every rank builds the fp32 model on the CPU first except DeepSpeed ZeRO-3 (zero.Init partitions at
+    # construction); that copy is freed once the engine holds the model.
+    m.host_build_bytes = 0 if (p.engine == "deepspeed" and p.zero_stage == 3) else 4 * shape.n_params
+    if buffers is not None and p.engine == "deepspeed":
+        if p.offload_param == "nvme":
+            m.add("host_pinned", "parameter swap buffers", buffers.param_buffer_count * buffers.param_buffer_size * shape.param_bytes)
+        if p.offload_optimizer == "nvme":
+            sub_group = min(DEEPSPEED_SUB_GROUP_SIZE, math.ceil(shape.n_params / world))
+            m.add("host_pinned", "optimizer swap buffers", buffers.optimizer_buffer_count * sub_group * 4)
+    return m
+
+
+@dataclass(frozen=True)
+class SwapBuffers:
+    param_buffer_count: int = 5
+    param_buffer_size: int = 100_000_000
+    optimizer_buffer_count: int = 4
+
+
+@dataclass(frozen=True)
+class Machine:
+    gpus: int
+    gpu_mem_bytes: float | None
+    """Per GPU; None: no GPU (the CPU is the device, as on DeepSpeed's CPU accelerator)."""
+    host_mem_bytes: float
+    nvme_free_bytes: float | None
+    gpu_name: str | None = None
+
+
+@dataclass(frozen=True)
+class Links:
+    """Measured bandwidths (bytes/s) and rates of what a step moves and computes."""
+
+    nvme_read: float | None
+    nvme_write: float | None
+    nvme_source: str
+    pcie_h2d: float | None
+    pcie_d2h: float | None
+    cpu_adam_params_per_s: float
+    torch_cpu_adam_params_per_s: float
+    flops_per_s: float
+    flops_source: str
+
+
+@dataclass(frozen=True)
+class StepBound:
+    seconds: float
+    bottleneck: str
+    parts: dict[str, float]
+    """Seconds each link or phase needs on its own."""
+    bytes_moved: dict[str, float]
+
+
+def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
+    """Bytes per optimizer step over each link: NVMe (per host), PCIe (per rank)."""
+    n, k, b = shape.n_params, shape.grad_accum, shape.param_bytes
+    out = {"nvme_read": 0.0, "nvme_write": 0.0, "pcie_h2d": 0.0, "pcie_d2h": 0.0}
+    if p.engine == "deepspeed":
+        if p.offload_param != "none":
+            # Each micro-batch fetches every parameter for forward and again for backward.
+            out["pcie_h2d"] += 2 * k * b * n / world
+            if p.offload_param == "nvme":
+                on_nvme = max(0.0, n / world - p.max_in_cpu) * world
+                out["nvme_read"] += 2 * k * b * on_nvme
+                out["nvme_write"] += b * on_nvme  # the updated 16-bit parameters
+        if p.offload_optimizer != "none":
+            out["pcie_d2h"] += k * b * n / world * p.ratio  # gradients, every micro-batch
+            if p.offload_param == "none":
+                out["pcie_h2d"] += b * n / world  # the updated parameters back
+            if p.offload_optimizer == "nvme":
+                swapped = optimizer_swap_bytes(p, shape, world) * p.ratio
+                out["nvme_read"] += swapped
+                out["nvme_write"] += swapped
+    elif p.cpu_offload:
+        out["pcie_h2d"] += 2 * k * 4 * n / world  # fp32 shards copied up for forward and backward
+        out["pcie_d2h"] += 4 * n / world  # the reduced gradient, once a step (sync on the last micro-batch)
+    return out
+
+
+def optimizer_swap_bytes(p: Placement, shape: Shape, world: int) -> float:
+    """Bytes the NVMe optimizer swapper reads (and writes) per step, all ranks.
+
+    DeepSpeed swaps a sub-group's fp32 master, m and v as flat tensors, and each parameter's fp32 gradient
+    on its own, but only tensors of at least max(1 MiB, aio block_size) (optimizer_utils.is_swappable_tensor):
+    smaller ones stay in memory. With sub_group_size 1e9 a rank's partition is one sub-group until 1e9.
+    """
+    min_bytes = max(1 << 20, p.aio_block_size)
+    partition = shape.n_params / world
+    sub_groups = [DEEPSPEED_SUB_GROUP_SIZE] * int(partition // DEEPSPEED_SUB_GROUP_SIZE) + [partition % DEEPSPEED_SUB_GROUP_SIZE]
+    states = sum(12 * g for g in sub_groups if 4 * g >= min_bytes)
+    grads = sum(4 * numel / world for numel in shape.param_numels if 4 * numel / world >= min_bytes)
+    return (states + grads) * world
+
+
+def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> StepBound:
+    """Lower bound: compute, PCIe and parameter fetches overlap; the optimizer phase follows backward."""
+    moved = step_bytes(p, shape, world)
+    tokens = shape.seq_len * shape.micro_batch * shape.grad_accum
+    flops = (6 * shape.n_params + 12 * shape.n_layers * shape.d_model * shape.seq_len) * tokens
+    if p.activation_checkpointing:
+        flops *= 4 / 3  # forward once more
+    parts = {"compute": flops / links.flops_per_s}
+    if links.pcie_h2d:
+        parts["pcie_h2d"] = moved["pcie_h2d"] / links.pcie_h2d
+        parts["pcie_d2h"] = moved["pcie_d2h"] / links.pcie_d2h
+    param_nvme = 2 * shape.grad_accum * shape.param_bytes * max(0.0, shape.n_params / world - p.max_in_cpu) * world \
+        if p.offload_param == "nvme" else 0.0
+    if p.uses_nvme:
+        if links.nvme_read is None:
+            raise ValueError("an NVMe placement needs measured NVMe bandwidth")
+        parts["nvme_params"] = param_nvme / links.nvme_read
+    overlapped = max(parts.values())
+    optimizer_phase = 0.0
+    if p.engine == "deepspeed" and p.offload_optimizer != "none":
+        adam = p.ratio * shape.n_params / world / links.cpu_adam_params_per_s
+        parts["cpu_adam"] = adam
+        swap = 0.0
+        if p.offload_optimizer == "nvme":
+            opt_read = moved["nvme_read"] - param_nvme
+            swap = opt_read / links.nvme_read + moved["nvme_write"] / links.nvme_write
+            parts["nvme_optimizer"] = swap
+        optimizer_phase = max(adam, swap)
+    elif p.engine == "fsdp2" and p.cpu_offload:
+        optimizer_phase = parts["cpu_adam"] = shape.n_params / world / links.torch_cpu_adam_params_per_s
+    seconds = overlapped + optimizer_phase
+    bottleneck = max(parts, key=parts.get)
+    return StepBound(seconds, bottleneck, parts, moved)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    placement: Placement
+    memory: Memory
+    fits: bool
+    binding: str
+    """The constraint that fails, or the tightest one when all hold."""
+    step: StepBound | None
+
+
+def _constraints(m: Memory, machine: Machine, world: int) -> dict[str, tuple[float, float]]:
+    """name -> (needed, available), per host."""
+    out = {"host RAM": (m.host_bytes * world, machine.host_mem_bytes)}
+    if machine.gpu_mem_bytes is not None:
+        out["GPU memory"] = (m.gpu_bytes, machine.gpu_mem_bytes)
+    else:
+        # No GPU: "device" memory is host RAM too.
+        out["host RAM"] = ((m.host_bytes + m.gpu_bytes) * world, machine.host_mem_bytes)
+    if m.nvme_bytes:
+        out["NVMe space"] = (m.nvme_bytes, machine.nvme_free_bytes or 0.0)
+    return out
+
+
+def predict(p: Placement, shape: Shape, machine: Machine, links: Links | None, buffers: SwapBuffers | None = None) -> Prediction:
+    world = max(1, machine.gpus)
+    m = predict_memory(p, shape, world, buffers)
+    use = {k: need / have if have else math.inf for k, (need, have) in _constraints(m, machine, world).items()}
+    tightest = max(use, key=use.get)
+    fits = use[tightest] <= 1.0
+    needed, available = _constraints(m, machine, world)[tightest]
+    binding = f"{tightest}: {needed / GiB:.1f} of {available / GiB:.1f} GiB"
+    step = step_time_bound(p, shape, world, links) if links is not None and (links.nvme_read or not p.uses_nvme) else None
+    return Prediction(p, m, fits, binding, step)
+
+
+def plan(shape: Shape, machine: Machine, links: Links | None, buffers: SwapBuffers | None = None) -> list[Prediction]:
+    """Every placement, with and without activation checkpointing where the plain one does not fit, plus a
+    partial optimizer offload (ratio) when the GPU holds part of the optimizer; feasible ones fastest first."""
+    out = []
+    for p in candidate_placements():
+        pred = predict(p, shape, machine, links, buffers)
+        if not pred.fits:
+            checkpointed = predict(replace(p, name=f"{p.name}+ac", activation_checkpointing=True), shape, machine, links, buffers)
+            pred = checkpointed if checkpointed.fits else pred
+        if not pred.fits and p.offload_param == "nvme" and pred.binding.startswith("host RAM"):
+            # DeepSpeed keeps up to max_in_cpu parameter elements pinned in RAM even "on NVMe": put them all there.
+            on_disk = predict(replace(p, name=f"{p.name}-max_in_cpu0", max_in_cpu=0), shape, machine, links, buffers)
+            pred = on_disk if on_disk.fits else pred
+        out.append(pred)
+        partial = _partial_offload(p, shape, machine, links, buffers)
+        if partial is not None:
+            out.append(partial)
+    feasible = sorted((x for x in out if x.fits and x.step), key=lambda x: x.step.seconds)
+    return feasible + [x for x in out if not (x.fits and x.step)]
+
+
+def _partial_offload(p: Placement, shape: Shape, machine: Machine, links: Links | None, buffers) -> Prediction | None:
+    """ZeRO-3 with the optimizer on the CPU, but only the share (ratio) that does not fit on the GPU."""
+    if p.engine != "deepspeed" or p.zero_stage != 3 or p.offload_optimizer != "cpu" or p.offload_param != "none" \
+            or machine.gpu_mem_bytes is None:
+        return None
+    full = predict(p, shape, machine, links, buffers)
+    if not full.fits:
+        return None
+    world = max(1, machine.gpus)
+    optimizer_bytes = ModelStateBytes.deepspeed(shape.param_bytes).optimizer * shape.n_params / world
+    spare = 0.9 * machine.gpu_mem_bytes - full.memory.gpu_bytes  # leave 10% for the allocator's fragmentation
+    keep_share = min(1.0, spare / optimizer_bytes) if optimizer_bytes else 0.0
+    ratio = math.ceil((1 - keep_share) * 10) / 10
+    if ratio >= 1.0 or ratio <= 0.0:
+        return None
+    pred = predict(replace(p, name=f"zero3-opt-cpu-ratio{ratio:g}", ratio=ratio), shape, machine, links, buffers)
+    return pred if pred.fits else None
+
+
+def why_winner(predictions: list[Prediction]) -> str:
+    feasible = [x for x in predictions if x.fits and x.step]
+    if not feasible:
+        tight = min(predictions, key=lambda x: x.memory.gpu_bytes)
+        return f"nothing fits: the smallest placement, {tight.placement.name}, needs {tight.binding}"
+    win = feasible[0]
+    text = (f"{win.placement.name} wins: it fits ({win.binding}) and its bound is {win.step.seconds:.3g} s/step, "
+            f"set by {win.step.bottleneck} ({win.step.parts[win.step.bottleneck]:.3g} s)")
+    if len(feasible) > 1:
+        second = feasible[1]
+        text += (f"; next is {second.placement.name} at {second.step.seconds:.3g} s/step, bound by "
+                 f"{second.step.bottleneck}")
+    faster_unfit = [x for x in predictions if not x.fits and x.step and x.step.seconds < win.step.seconds]
+    if faster_unfit:
+        text += "; faster but not fitting: " + ", ".join(f"{x.placement.name} ({x.binding})" for x in faster_unfit[:3])
+    return text

@@ -1,0 +1,96 @@
+"""What `offloadlab plan` shows and writes: the ranked table, and the chosen placement as a run spec,
+a DeepSpeed JSON and an Accelerate config for users' own scripts."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import tomli_w
+from rich.table import Table
+
+from offloadlab.plan import HOST_BASELINE_BYTES, GiB, Prediction
+from offloadlab.spec import RunSpec, load_spec
+
+
+def plan_table(predictions: list[Prediction], title: str) -> Table:
+    table = Table(title=title, header_style="bold")
+    for col in ("#", "strategy", "fits", "binding constraint", "GPU GiB", "host GiB\n(pinned)", "NVMe GiB",
+                "step bound (s)", "bound by"):
+        table.add_column(col, justify="left" if col in ("strategy", "binding constraint", "bound by") else "right")
+    rank = 0
+    for x in predictions:
+        fits = x.fits and x.step is not None
+        rank += fits
+        m = x.memory
+        table.add_row(
+            str(rank) if fits else "-", x.placement.name, "[green]yes[/]" if x.fits else "[red]no[/]", x.binding,
+            f"{m.gpu_bytes / GiB:.1f}", f"{m.host_bytes / GiB:.1f} ({m.pinned_bytes / GiB:.1f})", f"{m.nvme_bytes / GiB:.1f}",
+            "-" if x.step is None else f"{x.step.seconds:.3g}", "-" if x.step is None else x.step.bottleneck,
+            style="bold green" if fits and rank == 1 else ("dim" if not x.fits else ""),
+        )
+    return table
+
+
+def breakdown_table(x: Prediction) -> Table:
+    table = Table(title=f"{x.placement.name}: predicted bytes per rank", header_style="bold")
+    for col in ("where", "what", "GiB"):
+        table.add_column(col, justify="right" if col == "GiB" else "left")
+    for where in ("gpu", "host_pinned", "host_pageable", "nvme"):
+        for what, nbytes in getattr(x.memory, where).items():
+            table.add_row(where.replace("_", " "), what, f"{nbytes / GiB:.2f}")
+    table.add_row("host", "runtime (Python, torch)", f"{HOST_BASELINE_BYTES / GiB:.2f}")
+    if x.memory.host_build_bytes:
+        table.add_row("host", "fp32 build copy (freed before training; peak is the larger phase)",
+                      f"{x.memory.host_build_bytes / GiB:.2f}")
+    return table
+
+
+def run_spec_for(base: RunSpec, x: Prediction, tuned: Path | None) -> dict:
+    """The base spec's fields with the chosen placement as its only strategy."""
+    raw = tomllib.loads(tomli_w.dumps(json.loads(base.model_dump_json(exclude_none=True))))
+    strategy = x.placement.strategy()
+    if tuned is not None and x.placement.uses_nvme:
+        strategy["tuned"] = str(tuned.resolve())
+    raw["strategy"] = [strategy]
+    raw["model"]["activation_checkpointing"] = x.placement.activation_checkpointing
+    raw["name"] = f"{base.name}-{x.placement.name}"
+    return raw
+
+
+def _accelerate_yaml(x: Prediction, spec: RunSpec, deepspeed_json: Path | None) -> str:
+    lines = ["# For `accelerate launch --config_file THIS your_script.py`, written by offloadlab plan.",
+             "compute_environment: LOCAL_MACHINE", "machine_rank: 0", "num_machines: 1",
+             f"num_processes: {spec.nproc}", "use_cpu: false"]
+    if deepspeed_json is not None:
+        # Precision and batch sizes come from the DeepSpeed file; Accelerate refuses them twice.
+        lines += ["distributed_type: DEEPSPEED", "deepspeed_config:", f"  deepspeed_config_file: {deepspeed_json.resolve()}",
+                  f"  zero3_init_flag: {'true' if x.placement.zero_stage == 3 else 'false'}"]
+    else:
+        lines += ["distributed_type: FSDP", f"mixed_precision: {'bf16' if spec.precision == 'bf16' else 'no'}", "fsdp_config:",
+                  "  fsdp_version: 2", f"  fsdp_offload_params: {'true' if x.placement.cpu_offload else 'false'}",
+                  "  fsdp_reshard_after_forward: true", "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP",
+                  "  fsdp_state_dict_type: SHARDED_STATE_DICT",
+                  f"  fsdp_activation_checkpointing: {'true' if x.placement.activation_checkpointing else 'false'}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_plan(x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None) -> list[Path]:
+    from offloadlab.engines.deepspeed_engine import deepspeed_config
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    raw = run_spec_for(base, x, tuned)
+    spec_path = out_dir / f"{x.placement.name}.toml"
+    spec_path.write_text(f"# Written by offloadlab plan: {x.placement.name} ({x.binding})\n" + tomli_w.dumps(raw))
+    spec = load_spec(spec_path)  # the written spec is one `offloadlab run` accepts, tuned include and all
+    written = [spec_path]
+    deepspeed_json = None
+    if x.placement.engine == "deepspeed":
+        config = deepspeed_config(spec, spec.strategy[0], spec.nproc, spec.nvme_path if x.placement.uses_nvme else None)
+        deepspeed_json = out_dir / f"{x.placement.name}_deepspeed.json"
+        deepspeed_json.write_text(json.dumps(config, indent=2) + "\n")
+        written.append(deepspeed_json)
+    accelerate = out_dir / f"{x.placement.name}_accelerate.yaml"
+    accelerate.write_text(_accelerate_yaml(x, spec, deepspeed_json))
+    return written + [accelerate]

@@ -1,0 +1,170 @@
+"""`offloadlab plan`: model-state formulas against DeepSpeed's own estimators, feasibility, ranking, and
+the files `--write` emits loaded by the tools that read them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
+from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+from conftest import cli, write_spec
+from offloadlab.model import PRESETS
+from offloadlab.plan import (GiB, Links, Machine, Placement, Shape, deepspeed_model_states, plan, predict, step_bytes,
+                             why_winner)
+from offloadlab.spec import load_spec
+
+STATES = ("parameters", "gradients", "optimizer states", "gathered layer")
+
+
+def _model_state_bytes(memory, place: str) -> float:
+    return sum(v for k, v in getattr(memory, place).items() if k in STATES)
+
+
+def _shape(preset: str, precision: str = "bf16", **batch) -> Shape:
+    return Shape.of(PRESETS[preset], batch.get("seq_len", 1024), batch.get("micro_batch", 4), batch.get("grad_accum", 1),
+                    precision)
+
+
+@pytest.mark.parametrize("preset", ["gpt-125m", "gpt-1.4b", "gpt-13b"])
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_model_states_match_deepspeeds_own_estimates(preset, world):
+    shape = _shape(preset)
+    n, largest = shape.n_params, shape.largest_param_numel
+    cases = [
+        # (our placement, DeepSpeed's estimate (cpu_bytes, gpu_bytes) for one host of `world` GPUs)
+        (Placement("z2", "deepspeed", 2), estimate_zero2_model_states_mem_needs(n, world, cpu_offload=False)),
+        (Placement("z2c", "deepspeed", 2, "cpu"), estimate_zero2_model_states_mem_needs(n, world, cpu_offload=True)),
+        (Placement("z3", "deepspeed", 3), estimate_zero3_model_states_mem_needs(n, largest, world, cpu_offload=False)[:2]),
+        (Placement("z3c", "deepspeed", 3, "cpu"),
+         estimate_zero3_model_states_mem_needs(n, largest, world, cpu_offload=True, cpu_offload_params=False)[:2]),
+        (Placement("z3cc", "deepspeed", 3, "cpu", "cpu"),
+         estimate_zero3_model_states_mem_needs(n, largest, world, cpu_offload=True, cpu_offload_params=True)[:2]),
+    ]
+    for placement, (ds_cpu, ds_gpu) in cases:
+        ours = deepspeed_model_states(placement, shape, world)
+        assert _model_state_bytes(ours, "gpu") == pytest.approx(ds_gpu, rel=1e-6, abs=world), placement.name
+        # DeepSpeed's CPU figure is per host with a 1.5x buffer factor; with zero.Init (stage 3) or once the
+        # fp32 build copy is freed (stage 2: the larger of 4 bytes x ranks and the 16-byte states).
+        host_states = _model_state_bytes(ours, "host_pinned") * world
+        if placement.zero_stage == 2 and placement.offload_optimizer == "cpu":
+            host_states = max(host_states, 4 * n * world)
+        if placement.offload_optimizer != "none":
+            assert host_states == pytest.approx(ds_cpu / 1.5, rel=1e-6), placement.name
+
+
+LINKS = Links(nvme_read=2e9, nvme_write=2.5e9, nvme_source="test", pcie_h2d=50e9, pcie_d2h=50e9,
+              cpu_adam_params_per_s=1e9, torch_cpu_adam_params_per_s=2e8, flops_per_s=400e12, flops_source="test")
+
+
+def test_the_binding_constraint_is_named_and_offload_rescues_a_model_the_gpu_cannot_hold():
+    shape = _shape("gpt-6.7b")
+    machine = Machine(gpus=1, gpu_mem_bytes=24 * GiB, host_mem_bytes=256 * GiB, nvme_free_bytes=500 * GiB)
+    plain = predict(Placement("zero2", "deepspeed", 2), shape, machine, LINKS)
+    assert not plain.fits and plain.binding.startswith("GPU memory: ")
+    offloaded = predict(Placement("zero3-opt-cpu-param-cpu", "deepspeed", 3, "cpu", "cpu"), shape, machine, LINKS)
+    assert offloaded.fits and offloaded.step.bottleneck in offloaded.step.parts
+    ranked = plan(shape, machine, LINKS)
+    feasible = [x for x in ranked if x.fits]
+    assert feasible and all(x.fits for x in ranked[: len(feasible)])
+    assert [x.step.seconds for x in feasible] == sorted(x.step.seconds for x in feasible)
+    assert why_winner(ranked).startswith(f"{feasible[0].placement.name} wins")
+    # Too little disk for the optimizer's 16 bytes a parameter: NVMe placements say so.
+    small_disk = Machine(gpus=1, gpu_mem_bytes=24 * GiB, host_mem_bytes=64 * GiB, nvme_free_bytes=10 * GiB)
+    nvme = predict(Placement("z3n", "deepspeed", 3, "nvme", "nvme"), shape, small_disk, LINKS)
+    assert not nvme.fits and nvme.binding.startswith("NVMe space: ")
+
+
+def test_nvme_bytes_per_step_follow_what_zero_infinity_swaps():
+    shape = _shape("gpt-1.4b", grad_accum=2)
+    n = shape.n_params
+    swappable_grads = sum(4 * numel for numel in shape.param_numels if 4 * numel >= 1 << 20)
+    on_disk = step_bytes(Placement("z3nn", "deepspeed", 3, "nvme", "nvme", max_in_cpu=0), shape, world=1)
+    # Parameters (bf16) read for forward and backward of each micro-batch and written once; the optimizer's
+    # fp32 master, m, v and the gradients big enough for aio (LayerNorms and biases stay in RAM) each way.
+    assert on_disk["nvme_read"] == pytest.approx(2 * 2 * 2 * n + 12 * n + swappable_grads)
+    assert on_disk["nvme_write"] == pytest.approx(2 * n + 12 * n + swappable_grads)
+    # With DeepSpeed's default max_in_cpu (1e9 elements) only the parameters beyond it travel to disk.
+    default = step_bytes(Placement("z3nn", "deepspeed", 3, "nvme", "nvme"), shape, world=1)
+    assert default["nvme_read"] == pytest.approx(2 * 2 * 2 * (n - 1e9) + 12 * n + swappable_grads)
+
+
+def test_a_partial_optimizer_offload_is_offered_when_part_of_it_fits():
+    shape = _shape("gpt-1.4b")
+    machine = Machine(gpus=1, gpu_mem_bytes=24 * GiB, host_mem_bytes=128 * GiB, nvme_free_bytes=None)
+    names = [x.placement.name for x in plan(shape, machine, LINKS)]
+    partial = [n for n in names if n.startswith("zero3-opt-cpu-ratio")]
+    assert partial, names
+    ratio = float(partial[0].removeprefix("zero3-opt-cpu-ratio"))
+    assert 0 < ratio < 1
+
+
+def test_plan_writes_a_spec_offloadlab_runs_and_configs_deepspeed_and_accelerate_read(tmp_path):
+    spec = write_spec(tmp_path, [dict(name="any", engine="fsdp2")], nvme_path=str(tmp_path))
+    out = tmp_path / "planned"
+    proc = cli("plan", str(spec), "--gpu-mem", "0", "--strategy", "zero3-opt-nvme-param-nvme", "--write", str(out))
+    assert "wins: it fits" in proc.stdout
+    written = sorted(p.name for p in out.iterdir())
+    assert written == ["zero3-opt-nvme-param-nvme.toml", "zero3-opt-nvme-param-nvme_accelerate.yaml",
+                       "zero3-opt-nvme-param-nvme_deepspeed.json"]
+    planned = load_spec(out / "zero3-opt-nvme-param-nvme.toml")
+    (strategy,) = planned.strategy
+    assert (strategy.zero_stage, strategy.offload_optimizer, strategy.offload_param) == (3, "nvme", "nvme")
+    config = json.loads((out / "zero3-opt-nvme-param-nvme_deepspeed.json").read_text())
+    zero = DeepSpeedZeroConfig(**config["zero_optimization"])
+    assert zero.offload_param.device == "nvme" and zero.offload_optimizer.device == "nvme"
+    assert get_aio_config(config)["intra_op_parallelism"] == config["aio"]["intra_op_parallelism"]
+    accelerate = yaml.safe_load((out / "zero3-opt-nvme-param-nvme_accelerate.yaml").read_text())
+    assert accelerate["distributed_type"] == "DEEPSPEED"
+    assert Path(accelerate["deepspeed_config"]["deepspeed_config_file"]) == (out / "zero3-opt-nvme-param-nvme_deepspeed.json").resolve()
+    # The written spec trains for real.
+    run = cli("run", str(out / "zero3-opt-nvme-param-nvme.toml"), "--out", str(tmp_path / "run"))
+    assert "verified" in run.stdout
+
+
+def test_plan_without_spec_or_model_names_the_fix():
+    proc = cli("plan", check=False)
+    assert proc.returncode == 2 and "plan needs a SPEC or --model PRESET" in proc.stdout
+
+
+def test_plan_json_lists_every_placement(tmp_path):
+    proc = cli("plan", "--model", "gpt-125m", "--gpus", "1", "--gpu-mem", "80", "--host-mem", "64", "--nvme",
+               str(tmp_path), "--json")
+    result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    names = {p["strategy"] for p in result["predictions"]}
+    assert {"zero1", "zero2-cpu", "zero3-opt-nvme-param-nvme", "fsdp2", "fsdp2-cpu-offload"} <= names
+    assert all(p["step_bound_s"] > 0 for p in result["predictions"] if p["fits"])
+    assert list(tmp_path.iterdir()) == []  # the quick NVMe measurement removed its files
+
+
+def _bench(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_predicted_nvme_bytes_per_step_hold_on_a_real_zero_infinity_run(tmp_path, nvme_root):
+    """bench/plan_accuracy at CI size: the swap traffic of a real ZeRO-3 NVMe run within the goal's 5%."""
+    from rich.console import Console
+
+    strategies = [dict(name="z3-nvme", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
+                       buffer_size=2_000_000, buffer_count=8),
+                  dict(name="z3-nvme-4m-blocks", engine="deepspeed", zero_stage=3, offload_optimizer="nvme",
+                       offload_param="nvme", buffer_size=2_000_000, buffer_count=8, aio=dict(block_size=4 << 20))]
+    spec = write_spec(tmp_path, strategies, nvme_path=str(nvme_root), model=dict(preset="small-cpu"), seq_len=64,
+                      steps=4, verify_checkpoint=False)
+    cli("run", str(spec), "--out", str(tmp_path / "run"))
+    rows = {r["strategy"]: r for r in _bench("plan_accuracy").compare(spec, tmp_path / "run", Console(quiet=True))}
+    for row in rows.values():
+        for key in ("nvme_read", "nvme_write"):
+            assert row[f"{key}_measured"] == pytest.approx(row[f"{key}_predicted"], rel=0.05), (row["strategy"], key)
+    # A 4 MiB aio block leaves the 1 MiB gradients in RAM: less traffic, and the planner knows it.
+    assert rows["z3-nvme-4m-blocks"]["nvme_read_predicted"] < rows["z3-nvme"]["nvme_read_predicted"]
