@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,6 +35,10 @@ class StrategySummary:
     gpu_idle_share: float | None
     pcie_tx_bytes_per_s: float | None
     pcie_rx_bytes_per_s: float | None
+    comm_bytes_per_step: float | None
+    """Collective bytes rank 0 sent or received per step (all-gather, reduce-scatter, all-reduce, broadcast)."""
+    comm_seconds_per_step: float | None
+    """Time rank 0 blocked in those calls per step."""
     checkpoint_verified: bool | None
     checkpoint_detail: str | None
     first_loss: float | None
@@ -59,6 +64,19 @@ def _bytes_per_step_all_ranks(steps: list[StepRecord], attr: str) -> dict[int, f
     return per_step
 
 
+def _comm_per_step(store: RunStore, strategy_id: int, steps: set[int]) -> dict[int, tuple[float, float]]:
+    """step -> (bytes, seconds) of rank 0's collectives, all kinds together."""
+    out: dict[int, tuple[float, float]] = {}
+    for e in store.events(strategy_id):
+        if e["kind"].startswith("comm.") and e["rank"] == 0 and e["step"] in steps:
+            totals = json.loads(e["detail"])
+            if totals["phase"] != "train":
+                continue  # the step re-run after a restore carries the same number
+            nbytes, seconds = out.get(e["step"], (0.0, 0.0))
+            out[e["step"]] = (nbytes + totals["bytes"], seconds + totals["seconds"])
+    return out
+
+
 def summarize(store: RunStore) -> list[StrategySummary]:
     run = store.run()
     out = []
@@ -71,6 +89,7 @@ def summarize(store: RunStore) -> list[StrategySummary]:
         read_all = _bytes_per_step_all_ranks(every_rank, "disk_read_bytes")
         written_all = _bytes_per_step_all_ranks(every_rank, "disk_write_bytes")
         telemetry = per_step(store, row["id"], steady)
+        comm = _comm_per_step(store, row["id"], steady_steps)
         verified = row["checkpoint_verified"]
         out.append(
             StrategySummary(
@@ -92,6 +111,8 @@ def summarize(store: RunStore) -> list[StrategySummary]:
                 gpu_idle_share=_median_field([t.gpu_idle_share for t in telemetry]),
                 pcie_tx_bytes_per_s=_median_field([t.pcie_tx_bytes_per_s for t in telemetry]),
                 pcie_rx_bytes_per_s=_median_field([t.pcie_rx_bytes_per_s for t in telemetry]),
+                comm_bytes_per_step=metrics.median([c[0] for c in comm.values()]) if comm else None,
+                comm_seconds_per_step=metrics.median([c[1] for c in comm.values()]) if comm else None,
                 checkpoint_verified=None if verified is None else bool(verified),
                 checkpoint_detail=row["checkpoint_detail"],
                 first_loss=rank0[0].loss if rank0 else None,
@@ -125,7 +146,7 @@ STATUS_STYLE = {"done": "green", "does_not_fit": "yellow", "failed": "red", "run
 def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
     table = Table(title=f"offloadlab compare {run_dir}", header_style="bold")
     for col in ("strategy", "status", "step (s)", "tokens/s", "GPU peak\nalloc / resv", "host RSS\npeak",
-                "NVMe/step\nread / write", "GPU\nidle", "PCIe GB/s\ntx / rx", "SSD writes\nper 10k steps",
+                "NVMe/step\nread / write", "GPU\nidle", "PCIe GB/s\ntx / rx", "comm/step\nbytes / s", "SSD writes\nper 10k steps",
                 "checkpoint"):
         text = col in ("strategy", "status", "checkpoint")
         table.add_column(col, justify="left" if text else "right", no_wrap=col != "status", overflow="fold")
@@ -144,6 +165,7 @@ def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
             f"{human_bytes(s.disk_read_bytes_per_step)}\n{human_bytes(s.disk_write_bytes_per_step)}",
             _fmt(None if s.gpu_idle_share is None else 100 * s.gpu_idle_share, "{:.0f}%"),
             f"{_fmt(_gb(s.pcie_tx_bytes_per_s), '{:.1f}')}\n{_fmt(_gb(s.pcie_rx_bytes_per_s), '{:.1f}')}",
+            f"{human_bytes(s.comm_bytes_per_step)}\n{_fmt(s.comm_seconds_per_step, '{:.3f}')}",
             human_bytes(None if s.disk_write_bytes_per_step is None else 1e4 * s.disk_write_bytes_per_step),
             ckpt,
         )

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from offloadlab import metrics
 from offloadlab.checkpoint import save_atomic
+from offloadlab.comm_meter import CommMeter
 from offloadlab.data import TokenSource
 from offloadlab.engines.base import Engine
 from offloadlab.spec import RunSpec
@@ -36,6 +38,8 @@ def run_steps(
     ctx = engine.ctx
     tokens_per_step = spec.effective_batch * spec.seq_len
     records = []
+    comm = CommMeter.install()
+    comm.drain()  # what the engine's construction exchanged is not a step's
     for step in range(window.first, window.last + 1):
         batches = source.micro_batches(step - 1, ctx.rank, ctx.world_size, spec.micro_batch, spec.grad_accum)
         metrics.reset_device_peaks()
@@ -62,7 +66,9 @@ def run_steps(
             phase=window.phase,
         )
         store.add_step(strategy_id, ctx.rank, record)
-        store.add_events(strategy_id, ctx.rank, [(step, kind, t0, t1, None) for kind, t0, t1 in engine.phase.drain()])
+        store.add_events(strategy_id, ctx.rank, [(step, kind, t0, t1, None) for kind, t0, t1 in engine.phase.drain()] + [
+            (step, f"comm.{kind}", t_start, t_end, json.dumps({**asdict(totals), "phase": window.phase}))
+            for kind, totals in comm.drain().items()])
         records.append(record)
         if checkpoint_root is not None and step == spec.save_step:
             t0 = time.time()

@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 
 from offloadlab.checkpoint import restore_and_check
+from offloadlab.comm_meter import CommMeter
 from offloadlab.data import TokenSource
 from offloadlab.engines import DistContext, build_engine
 from offloadlab.model import gpt_config, hf_config_folder
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     strategy = spec.get_strategy(args.strategy)
     strategy_id = store.strategy_id(run["id"], strategy.name)
     ctx = DistContext.from_env()
+    # Before any engine is built: DeepSpeed binds torch.distributed's functions when it starts.
+    CommMeter.install()
     try:
         (_train if args.mode == "train" else _verify)(spec, strategy, ctx, store, strategy_id, args.run_dir, args.nvme_dir)
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then re-raised as an exit code

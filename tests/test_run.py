@@ -125,3 +125,20 @@ def test_ctrl_c_stops_the_job_and_removes_what_the_run_created(tmp_path, nvme_ro
     store = RunStore(run_dir)
     assert store.run()["status"] == "interrupted"
     assert store.strategies(store.run()["id"])[0]["reason"] == "interrupted by the user"
+
+
+def test_collective_volume_is_recorded_per_rank_and_step(world2):
+    """Both engines reduce-scatter every fp32 gradient once a step at world size 2, on each rank."""
+    from offloadlab.model import gpt_config
+    from offloadlab.spec import ModelSpec
+
+    gradient_bytes = 4 * gpt_config(ModelSpec(preset="tiny"), 32).n_params
+    store = RunStore(world2)
+    for row in store.strategies(store.run()["id"]):
+        scattered = {(e["rank"], e["step"]): json.loads(e["detail"]) for e in store.events(row["id"], "comm.reduce_scatter")
+                     if json.loads(e["detail"])["phase"] == "train"}
+        assert {rank for rank, _ in scattered} == {0, 1}, row["name"]
+        assert all(t["bytes"] == gradient_bytes for t in scattered.values()), (row["name"], scattered)
+        assert store.events(row["id"], "comm.all_gather"), row["name"]
+    for summary in summarize(store):
+        assert summary.comm_bytes_per_step >= gradient_bytes and summary.comm_seconds_per_step > 0
