@@ -15,7 +15,7 @@ from rich.console import Console
 from offloadlab.spec import SpecError, load_spec
 
 # Piped output (logs, CI) gets a wide console instead of rich's 80 columns, so tables stay readable.
-console = Console() if sys.stdout.isatty() else Console(width=150)
+console = Console() if sys.stdout.isatty() else Console(width=180)
 
 
 def _fail(message: str) -> None:

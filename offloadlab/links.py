@@ -50,6 +50,10 @@ def measure_adam_params_per_s(deepspeed_cpu_adam: bool, numel: int = 8 << 20, re
     if deepspeed_cpu_adam:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
+        from offloadlab.preflight import check_build_lock
+
+        check_build_lock("cpu_adam")  # the op JIT-builds on first use; a killed build's lock would hang here
+
         optimizer = DeepSpeedCPUAdam([param], lr=1e-4)
     else:
         optimizer = torch.optim.AdamW([param], lr=1e-4)
