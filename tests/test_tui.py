@@ -68,6 +68,23 @@ def cell(table: DataTable, row_key: str, column: int) -> str:
     return str(table.get_row(row_key)[column])
 
 
+async def start_job(pilot, app, key: str, answer: str) -> processes.Job:
+    """In the runs browser, press `key` and answer its prompt: the job the TUI then starts."""
+    await go(pilot, "r", RunsScreen)
+    await pilot.press(key)
+    await wait_until(pilot, lambda: pilot.app.screen.query("Input"))
+    await pilot.press(*answer)
+    await pilot.press("enter")
+    await wait_until(pilot, lambda: len(app.jobs) == 1)
+    return app.jobs[0]
+
+
+async def go(pilot, key: str, screen_type) -> None:
+    """Press a key that changes screens, and wait until that screen is the one shown."""
+    await pilot.press(key)
+    await wait_until(pilot, lambda: isinstance(pilot.app.screen, screen_type))
+
+
 def panels(app) -> dict[str, StrategyPanel]:
     return {p.strategy_name: p for p in app.screen.query(StrategyPanel) if p.view is not None}
 
@@ -104,8 +121,7 @@ def test_keys_move_between_screens_and_open_a_run(root):
     async def scenario():
         app = OffloadlabApp(root=root, poll_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("t")
-            assert isinstance(app.screen, TuneScreen)
+            await go(pilot, "t", TuneScreen)
             heatmap = app.screen.query_one(TuneHeatmap)
             await wait_until(pilot, lambda: heatmap.row_count > 0)
             tune = RunStore(root / "tune-quick")
@@ -116,14 +132,13 @@ def test_keys_move_between_screens_and_open_a_run(root):
             await pilot.press("right_square_bracket")
             assert app.screen.threads != threads  # another thread count's grid
             assert [heatmap.get_row_at(r) for r in range(heatmap.row_count)] != grid
-            await pilot.press("r")
-            assert isinstance(app.screen, RunsScreen)
+            await go(pilot, "r", RunsScreen)
             runs = app.screen.query_one("#runs", DataTable)
             await wait_until(pilot, lambda: runs.row_count == 2)
             row = next(i for i in range(runs.row_count) if runs.get_row_at(i)[0] == "world1")
             runs.move_cursor(row=row)
-            await pilot.press("enter")
-            assert isinstance(app.screen, DashboardScreen) and app.pinned_run == root / "world1"
+            await go(pilot, "enter", DashboardScreen)
+            assert app.pinned_run == root / "world1"
             await wait_until(pilot, lambda: len(panels(app)) == 4)
             footer = " ".join(b.binding.description for b in app.active_bindings.values() if b.binding.show)
             assert all(word in footer for word in ("Dashboard", "Tune", "Runs", "Quit"))
@@ -142,7 +157,7 @@ def test_a_run_that_appears_while_open_is_picked_up(tmp_path, world1):
             copy_store(world1, root / "arrived")
             await wait_until(pilot, lambda: len(panels(app)) == 4)
             assert not app.screen.query_one("#message").display
-            await pilot.press("r")
+            await go(pilot, "r", RunsScreen)
             runs = app.screen.query_one("#runs", DataTable)
             await wait_until(pilot, lambda: runs.row_count == 1 and runs.get_row_at(0)[0] == "arrived")
 
@@ -165,7 +180,7 @@ def test_a_deleted_or_corrupt_store_gives_a_message_not_a_traceback(tmp_path, wo
             await wait_until(pilot, lambda: "or it was deleted" in text_of(message))
             app.open_dir(corrupt)
             await wait_until(pilot, lambda: "is not a readable offloadlab run store" in text_of(message))
-            await pilot.press("r")
+            await go(pilot, "r", RunsScreen)
             runs = app.screen.query_one("#runs", DataTable)
             await wait_until(pilot, lambda: runs.row_count == 1)
             assert str(runs.get_row_at(0)[2]).startswith("unreadable")
@@ -188,14 +203,10 @@ def test_a_live_run_started_from_the_tui_shows_progress_and_failure_and_outlives
     async def scenario():
         app = OffloadlabApp(root=root, poll_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("r", "s")
-            await pilot.press(*str(spec))
-            await pilot.press("enter")
-            await wait_until(pilot, lambda: len(app.jobs) == 1)
-            job = app.jobs[0]
+            job = await start_job(pilot, app, "s", str(spec))
             jobs.append(job)
             worker = await asyncio.to_thread(wait_for_worker, job.process, job.out_dir)
-            await pilot.press("d")
+            await go(pilot, "d", DashboardScreen)
             header = app.screen.query_one("#run-header")
             await wait_until(pilot, lambda: "now: victim step" in text_of(header))
             worker.send_signal(signal.SIGKILL)  # what the OOM killer sends
@@ -229,11 +240,7 @@ def test_stop_from_the_runs_screen_ends_a_tune_and_it_cleans_up(tmp_path, nvme_r
     async def scenario():
         app = OffloadlabApp(root=root, poll_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("r", "a")
-            await pilot.press(*str(drive))
-            await pilot.press("enter")
-            await wait_until(pilot, lambda: len(app.jobs) == 1)
-            job = app.jobs[0]
+            job = await start_job(pilot, app, "a", str(drive))
             # Points reach the store as the sweep measures them.
             await wait_until(pilot, lambda: any(e.kind == "tune" for e in find_runs(root))
                              and RunStore(job.out_dir).conn.execute("SELECT COUNT(*) FROM tune_points").fetchone()[0] > 0, 120)
@@ -301,19 +308,38 @@ def fixed_root(tmp_path) -> Path:
     return root
 
 
-async def _settle(pilot) -> None:
-    await pilot.pause(1.0)
+def _ready(app, screen_type) -> bool:
+    """The screen shows its data and its footer keys: a snapshot taken earlier catches a half-drawn frame."""
+    screen = app.screen
+    if not isinstance(screen, screen_type) or not screen.query("FooterKey"):
+        return False
+    if isinstance(screen, DashboardScreen):
+        return len(panels(app)) == 3 and screen.query_one(CompareTable).row_count == 3
+    if isinstance(screen, TuneScreen):
+        return screen.query_one(TuneHeatmap).row_count > 0
+    return screen.query_one("#runs", DataTable).row_count == 2
+
+
+def _then(*keys: str):
+    async def run_before(pilot) -> None:
+        await wait_until(pilot, lambda: _ready(pilot.app, DashboardScreen))
+        await pilot.press(*keys)
+        target = {(): DashboardScreen, ("t",): TuneScreen, ("r",): RunsScreen}[keys]
+        await wait_until(pilot, lambda: _ready(pilot.app, target))
+        await pilot.pause()
+
+    return run_before
 
 
 @pytest.mark.parametrize("keys", [(), ("t",), ("r",)], ids=["dashboard", "tune", "runs"])
 def test_snapshots_of_the_main_screens(fixed_root, snap_compare, keys):
     app = OffloadlabApp(root=fixed_root, poll_s=0.2)
-    assert snap_compare(app, press=keys, terminal_size=SIZE, run_before=_settle)
+    assert snap_compare(app, terminal_size=SIZE, run_before=_then(*keys))
 
 
 def test_snapshot_of_the_dashboard_on_a_large_terminal(fixed_root, snap_compare):
     app = OffloadlabApp(root=fixed_root, poll_s=0.2)
-    assert snap_compare(app, terminal_size=(140, 48), run_before=_settle)
+    assert snap_compare(app, terminal_size=(140, 48), run_before=_then())
 
 
 def test_the_reader_works_without_textual(fixed_root):

@@ -15,6 +15,8 @@ class OffloadlabApp(App):
     CSS_PATH = "offloadlab.tcss"
     TITLE = "offloadlab"
     MODES = {"dashboard": DashboardScreen, "tune": TuneScreen, "runs": RunsScreen}
+    # Set at startup, not switched to in on_mount: a key pressed while the app starts must not be undone.
+    DEFAULT_MODE = "dashboard"
     BINDINGS = [("d", "switch_mode('dashboard')", "Dashboard"), ("t", "switch_mode('tune')", "Tune"),
                 ("r", "switch_mode('runs')", "Runs"), ("q", "quit", "Quit")]
 
@@ -30,8 +32,6 @@ class OffloadlabApp(App):
     def on_mount(self) -> None:
         if self._start_dir is not None:
             self.open_dir(Path(self._start_dir))
-        else:
-            self.switch_mode("dashboard")
 
     def open_dir(self, path: Path) -> None:
         entry = next((e for e in find_runs(path) if e.path == path), None)

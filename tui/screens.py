@@ -6,6 +6,7 @@ screens never touch an engine or a training process, only the stores they write.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from rich.text import Text
@@ -23,6 +24,10 @@ from tui.widgets import CompareTable, RunHeader, StrategyPanel, TuneHeatmap, top
 class PollingScreen(Screen):
     """A screen that re-reads its data every `app.poll_s` seconds, off the UI thread."""
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._drawing = asyncio.Lock()
+
     def on_mount(self) -> None:
         self.set_interval(self.app.poll_s, self.refresh_data)
         self.refresh_data()
@@ -39,12 +44,30 @@ class PollingScreen(Screen):
             result = self.read()
         except ReaderError as err:
             result = err
-        self.app.call_from_thread(self.show, result)
+        self.app.call_from_thread(self._show, result)
+
+    async def _show(self, result) -> None:
+        # A poll can arrive while the previous one still mounts widgets: draw one at a time.
+        async with self._drawing:
+            await self._draw_result(result)
+
+    async def _draw_result(self, result) -> None:
+        if result is None:
+            self.say(self.nothing_yet())
+        elif isinstance(result, ReaderError):
+            self.say(str(result))
+        else:
+            self.say(None)
+            await self.show(result)
 
     def read(self):
+        """The screen's data, None when there is none yet; raises ReaderError for a store it cannot read."""
         raise NotImplementedError
 
-    def show(self, result) -> None:
+    def nothing_yet(self) -> str:
+        raise NotImplementedError
+
+    async def show(self, result) -> None:
         raise NotImplementedError
 
     def say(self, message: str | None) -> None:
@@ -68,14 +91,10 @@ class DashboardScreen(PollingScreen):
         target = self.app.pinned_run or latest(self.app.root, "run")
         return None if target is None else read_run(target)
 
-    async def show(self, result: RunView | ReaderError | None) -> None:
-        if result is None:
-            self.say(f"no runs under {self.app.root} yet: start one with `offloadlab run SPEC` or press r, then s")
-            return
-        if isinstance(result, ReaderError):
-            self.say(str(result))
-            return
-        self.say(None)
+    def nothing_yet(self) -> str:
+        return f"no runs under {self.app.root} yet: start one with `offloadlab run SPEC` or press r, then s"
+
+    async def show(self, result: RunView) -> None:
         self.query_one(RunHeader).show(result)
         await self._show_panels(result)
         self.query_one(CompareTable).show(result)
@@ -114,14 +133,10 @@ class TuneScreen(PollingScreen):
         target = self.app.pinned_tune or latest(self.app.root, "tune")
         return None if target is None else read_tune(target)
 
-    def show(self, result: TuneView | ReaderError | None) -> None:
-        if result is None:
-            self.say(f"no tune results under {self.app.root} yet: run `offloadlab tune --nvme PATH` or press r, then a")
-            return
-        if isinstance(result, ReaderError):
-            self.say(str(result))
-            return
-        self.say(None)
+    def nothing_yet(self) -> str:
+        return f"no tune results under {self.app.root} yet: run `offloadlab tune --nvme PATH` or press r, then a"
+
+    async def show(self, result: TuneView) -> None:
         self.view = result
         self._draw()
 
@@ -197,7 +212,10 @@ class RunsScreen(PollingScreen):
     def read(self):
         return find_runs(self.app.root)
 
-    def show(self, entries) -> None:
+    def nothing_yet(self) -> str:
+        return f"no run directories under {self.app.root} yet"
+
+    async def show(self, entries) -> None:
         table = self.query_one("#runs", DataTable)
         selected = table.cursor_row
         table.clear()
@@ -206,7 +224,8 @@ class RunsScreen(PollingScreen):
             table.add_row(e.path.name or str(e.path), e.kind, e.status, strategies, when(e.created_at), key=str(e.path))
         if entries:
             table.move_cursor(row=min(selected, len(entries) - 1))
-        self.say(None if entries else f"no run directories under {self.app.root} yet")
+        else:
+            self.say(self.nothing_yet())
         jobs = self.app.jobs
         self.query_one("#jobs", Static).update(
             "jobs started here:\n" + "\n".join(j.describe() for j in jobs) if jobs else "no jobs started from this TUI")

@@ -30,16 +30,19 @@ class MetricSpark(Vertical):
 
     def __init__(self, title: str, **kwargs):
         super().__init__(**kwargs)
-        self.title = title
+        # Made here, not in compose, so a value can be shown before the widget is mounted.
+        self.spark = Sparkline([], summary_function=max)
+        self.value = Label("-", classes="metric-value")
+        self.metric_name = title
 
     def compose(self) -> ComposeResult:
-        yield Label(self.title, classes="metric-title")
-        yield Sparkline([], summary_function=max)
-        yield Label("-", classes="metric-value")
+        yield Label(self.metric_name, classes="metric-title")
+        yield self.spark
+        yield self.value
 
     def show(self, values: list[float], latest: str | None, absent: str = "no data yet") -> None:
-        self.query_one(Sparkline).data = values
-        self.query_one(".metric-value", Label).update(latest if values and latest else absent)
+        self.spark.data = values
+        self.value.update(latest if values and latest else absent)
 
 
 class StrategyPanel(Vertical):
@@ -53,12 +56,13 @@ class StrategyPanel(Vertical):
     def __init__(self, strategy_name: str, **kwargs):
         super().__init__(**kwargs)
         self.strategy_name = strategy_name
+        self.heading = Static(classes="panel-title")
+        self.metrics = {key: MetricSpark(title, id=f"m-{key}") for key, title in self.METRICS}
 
     def compose(self) -> ComposeResult:
-        yield Static(classes="panel-title")
+        yield self.heading
         with Grid(classes="metrics"):
-            for key, title in self.METRICS:
-                yield MetricSpark(title, id=f"m-{key}")
+            yield from self.metrics.values()
 
     def watch_view(self, view: StrategyView) -> None:
         s = view.summary
@@ -66,13 +70,13 @@ class StrategyPanel(Vertical):
         if view.eta_s is not None:
             progress += f", ETA {view.eta_s:.0f} s"
         title = Text.assemble((s.name, "bold"), f"  {s.engine}  ", status_text(s), f"  {progress}")
-        self.query_one(".panel-title", Static).update(title)
+        self.heading.update(title)
         self.set_class(s.status == "running", "-running")
         self.set_class(s.status in ("does_not_fit", "failed"), "-failed")
         no_gpu = "no GPU" if view.gpu_absent else "no data yet"
 
         def spark(key: str, values: list[float], fmt, absent: str = "no data yet") -> None:
-            self.query_one(f"#m-{key}", MetricSpark).show(values, fmt(values[-1]) if values else None, absent)
+            self.metrics[key].show(values, fmt(values[-1]) if values else None, absent)
 
         spark("step", view.step_times_s, lambda v: f"{v:.3f} s")
         spark("tps", view.tokens_per_s, lambda v: f"{v:,.0f}")
