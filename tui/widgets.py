@@ -107,7 +107,7 @@ class RunHeader(Static):
 class CompareTable(DataTable):
     """The strategies side by side; a row fills in when its strategy finishes."""
 
-    COLUMNS = ("strategy", "status", "step (s)", "tokens/s", "GPU peak", "host RSS", "NVMe r/w per step", "GPU idle", "ckpt")
+    COLUMNS = ("strategy", "status", "step (s)", "tokens/s", "GPU peak", "host RSS", "NVMe r/w per step", "GPU idle", "comm/step", "ckpt")
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -127,7 +127,7 @@ class CompareTable(DataTable):
                 human_bytes(s.peak_allocated_bytes) if finished else "-",
                 human_bytes(s.host_rss_peak_bytes) if finished else "-",
                 f"{human_bytes(s.disk_read_bytes_per_step)} / {human_bytes(s.disk_write_bytes_per_step)}" if finished else "-",
-                fmt(idle, "{:.0f}%"), ckpt, key=s.name,
+                fmt(idle, "{:.0f}%"), human_bytes(s.comm_bytes_per_step) if finished else "-", ckpt, key=s.name,
             )
 
 
