@@ -25,19 +25,11 @@ from rich.table import Table
 from offloadlab.compare import summarize
 from offloadlab.plan import Placement, predict
 from offloadlab.plan_inputs import PlanInputs
-from offloadlab.spec import DeepSpeedStrategy, load_spec
+from offloadlab.spec import load_spec
 from offloadlab.store import RunStore
 
 GOALS = {"gpu": 0.10, "nvme_read": 0.05, "nvme_write": 0.05}
 STEP_TIME_GOAL = 1.5
-
-
-def placement_of(strategy, activation_checkpointing: bool) -> Placement:
-    if isinstance(strategy, DeepSpeedStrategy):
-        return Placement(strategy.name, "deepspeed", strategy.zero_stage, strategy.offload_optimizer, strategy.offload_param,
-                         ratio=strategy.ratio, activation_checkpointing=activation_checkpointing,
-                         max_in_cpu=strategy.max_in_cpu, aio_block_size=strategy.aio.block_size)
-    return Placement(strategy.name, "fsdp2", cpu_offload=strategy.cpu_offload, activation_checkpointing=activation_checkpointing)
 
 
 def _ratio(measured: float | None, predicted: float | None) -> float | None:
@@ -51,7 +43,7 @@ def compare(spec_path: Path, run_dir: Path, console: Console) -> list[dict]:
     gpu = inputs.machine.gpu_mem_bytes is not None
     rows = []
     for strategy in spec.strategy:
-        pred = predict(placement_of(strategy, spec.model.activation_checkpointing), inputs.shape, inputs.machine,
+        pred = predict(Placement.from_strategy(strategy, spec.model.activation_checkpointing), inputs.shape, inputs.machine,
                        inputs.links, inputs.buffers)
         m = measured[strategy.name]
         moved = pred.step.bytes_moved if pred.step else {}

@@ -36,23 +36,30 @@ DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000
 class Shape:
     """What the planner needs of a model and its batch."""
 
-    n_params: int
     n_layers: int
     d_model: int
     vocab_size: int
-    largest_param_numel: int
     seq_len: int
     micro_batch: int
     grad_accum: int
     param_bytes: int
     """2 for bf16, 4 for fp32."""
-    param_numels: tuple[int, ...] = ()
+    param_numels: tuple[int, ...]
+    """Elements of each parameter tensor, as the model builds them."""
 
     @classmethod
     def of(cls, cfg: GPTConfig, seq_len: int, micro_batch: int, grad_accum: int, precision: str) -> "Shape":
         cfg = replace(cfg, max_seq_len=seq_len)  # the position table is built for the run's sequence length
-        return cls(cfg.n_params, cfg.n_layers, cfg.d_model, cfg.vocab_size, cfg.largest_param_numel, seq_len,
-                   micro_batch, grad_accum, 2 if precision == "bf16" else 4, tuple(cfg.param_numels()))
+        return cls(cfg.n_layers, cfg.d_model, cfg.vocab_size, seq_len, micro_batch, grad_accum,
+                   2 if precision == "bf16" else 4, tuple(cfg.param_numels()))
+
+    @property
+    def n_params(self) -> int:
+        return sum(self.param_numels)
+
+    @property
+    def largest_param_numel(self) -> int:
+        return max(self.param_numels)
 
     @property
     def block_params(self) -> int:
@@ -79,6 +86,15 @@ class Placement:
     @property
     def uses_nvme(self) -> bool:
         return "nvme" in (self.offload_param, self.offload_optimizer)
+
+    @classmethod
+    def from_strategy(cls, strategy, activation_checkpointing: bool) -> "Placement":
+        """The placement of a run spec's strategy (the inverse of `strategy()`)."""
+        if strategy.engine == "deepspeed":
+            return cls(strategy.name, "deepspeed", strategy.zero_stage, strategy.offload_optimizer, strategy.offload_param,
+                       ratio=strategy.ratio, activation_checkpointing=activation_checkpointing,
+                       max_in_cpu=strategy.max_in_cpu, aio_block_size=strategy.aio.block_size)
+        return cls(strategy.name, "fsdp2", cpu_offload=strategy.cpu_offload, activation_checkpointing=activation_checkpointing)
 
     def strategy(self) -> dict:
         """The `[[strategy]]` table of a run spec for this placement."""
@@ -166,14 +182,20 @@ def _place_of(device: str) -> str:
     return {"none": "gpu", "cpu": "host_pinned", "nvme": "nvme"}[device]
 
 
+def params_on_nvme(p: Placement, shape: Shape, world: int) -> float:
+    """Parameter elements DeepSpeed really keeps on NVMe, all ranks: each rank's beyond max_in_cpu."""
+    if p.offload_param != "nvme":
+        return 0.0
+    return max(0.0, shape.n_params / world - p.max_in_cpu) * world
+
+
 def deepspeed_model_states(p: Placement, shape: Shape, world: int) -> Memory:
     """Parameters, gradients and optimizer states of one rank (NVMe: of the host, all its ranks)."""
     m, n, b = Memory(), shape.n_params, ModelStateBytes.deepspeed(shape.param_bytes)
     params_here = n / world if p.zero_stage == 3 else n
     if p.offload_param == "nvme":
-        in_cpu = min(params_here, p.max_in_cpu)
-        m.add("host_pinned", "parameters (max_in_cpu)", b.param * in_cpu)
-        m.add("nvme", "parameters", b.param * (params_here - in_cpu) * world)
+        m.add("host_pinned", "parameters (max_in_cpu)", b.param * min(params_here, p.max_in_cpu))
+        m.add("nvme", "parameters", b.param * params_on_nvme(p, shape, world))
     else:
         m.add(_place_of(p.offload_param), "parameters", b.param * params_here)
     if p.zero_stage == 3:
@@ -283,10 +305,9 @@ def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
         if p.offload_param != "none":
             # Each micro-batch fetches every parameter for forward and again for backward.
             out["pcie_h2d"] += 2 * k * b * n / world
-            if p.offload_param == "nvme":
-                on_nvme = max(0.0, n / world - p.max_in_cpu) * world
-                out["nvme_read"] += 2 * k * b * on_nvme
-                out["nvme_write"] += b * on_nvme  # the updated 16-bit parameters
+            on_nvme = params_on_nvme(p, shape, world)
+            out["nvme_read"] += 2 * k * b * on_nvme
+            out["nvme_write"] += b * on_nvme  # the updated 16-bit parameters
         if p.offload_optimizer != "none":
             out["pcie_d2h"] += k * b * n / world * p.ratio  # gradients, every micro-batch
             if p.offload_param == "none":
@@ -327,8 +348,7 @@ def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> Ste
     if links.pcie_h2d:
         parts["pcie_h2d"] = moved["pcie_h2d"] / links.pcie_h2d
         parts["pcie_d2h"] = moved["pcie_d2h"] / links.pcie_d2h
-    param_nvme = 2 * shape.grad_accum * shape.param_bytes * max(0.0, shape.n_params / world - p.max_in_cpu) * world \
-        if p.offload_param == "nvme" else 0.0
+    param_nvme = 2 * shape.grad_accum * shape.param_bytes * params_on_nvme(p, shape, world)
     if p.uses_nvme:
         if links.nvme_read is None:
             raise ValueError("an NVMe placement needs measured NVMe bandwidth")
@@ -377,10 +397,11 @@ def _constraints(m: Memory, machine: Machine, world: int) -> dict[str, tuple[flo
 def predict(p: Placement, shape: Shape, machine: Machine, links: Links | None, buffers: SwapBuffers | None = None) -> Prediction:
     world = max(1, machine.gpus)
     m = predict_memory(p, shape, world, buffers)
-    use = {k: need / have if have else math.inf for k, (need, have) in _constraints(m, machine, world).items()}
+    constraints = _constraints(m, machine, world)
+    use = {k: need / have if have else math.inf for k, (need, have) in constraints.items()}
     tightest = max(use, key=use.get)
     fits = use[tightest] <= 1.0
-    needed, available = _constraints(m, machine, world)[tightest]
+    needed, available = constraints[tightest]
     binding = f"{tightest}: {needed / GiB:.1f} of {available / GiB:.1f} GiB"
     step = step_time_bound(p, shape, world, links) if links is not None and (links.nvme_read or not p.uses_nvme) else None
     return Prediction(p, m, fits, binding, step)
@@ -400,20 +421,18 @@ def plan(shape: Shape, machine: Machine, links: Links | None, buffers: SwapBuffe
             on_disk = predict(replace(p, name=f"{p.name}-max_in_cpu0", max_in_cpu=0), shape, machine, links, buffers)
             pred = on_disk if on_disk.fits else pred
         out.append(pred)
-        partial = _partial_offload(p, shape, machine, links, buffers)
+        partial = _partial_offload(pred, shape, machine, links, buffers)
         if partial is not None:
             out.append(partial)
     feasible = sorted((x for x in out if x.fits and x.step), key=lambda x: x.step.seconds)
     return feasible + [x for x in out if not (x.fits and x.step)]
 
 
-def _partial_offload(p: Placement, shape: Shape, machine: Machine, links: Links | None, buffers) -> Prediction | None:
-    """ZeRO-3 with the optimizer on the CPU, but only the share (ratio) that does not fit on the GPU."""
+def _partial_offload(full: Prediction, shape: Shape, machine: Machine, links: Links | None, buffers) -> Prediction | None:
+    """ZeRO-3 with the optimizer on the CPU (`full`, predicted), but only the share (ratio) that does not fit on the GPU."""
+    p = full.placement
     if p.engine != "deepspeed" or p.zero_stage != 3 or p.offload_optimizer != "cpu" or p.offload_param != "none" \
-            or machine.gpu_mem_bytes is None:
-        return None
-    full = predict(p, shape, machine, links, buffers)
-    if not full.fits:
+            or p.activation_checkpointing or machine.gpu_mem_bytes is None or not full.fits:
         return None
     world = max(1, machine.gpus)
     optimizer_bytes = ModelStateBytes.deepspeed(shape.param_bytes).optimizer * shape.n_params / world

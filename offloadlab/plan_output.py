@@ -4,7 +4,6 @@ a DeepSpeed JSON and an Accelerate config for users' own scripts."""
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import tomli_w
@@ -49,7 +48,7 @@ def breakdown_table(x: Prediction) -> Table:
 
 def run_spec_for(base: RunSpec, x: Prediction, tuned: Path | None) -> dict:
     """The base spec's fields with the chosen placement as its only strategy."""
-    raw = tomllib.loads(tomli_w.dumps(json.loads(base.model_dump_json(exclude_none=True))))
+    raw = json.loads(base.model_dump_json(exclude_none=True))
     strategy = x.placement.strategy()
     if tuned is not None and x.placement.uses_nvme:
         strategy["tuned"] = str(tuned.resolve())
