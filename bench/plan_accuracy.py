@@ -36,9 +36,9 @@ def _ratio(measured: float | None, predicted: float | None) -> float | None:
     return None if not measured or not predicted else measured / predicted
 
 
-def compare(spec_path: Path, run_dir: Path, console: Console) -> list[dict]:
+def compare(spec_path: Path, run_dir: Path, console: Console, tuned_dir: Path | None = None) -> list[dict]:
     spec = load_spec(spec_path)
-    inputs = PlanInputs.for_spec(spec_path, console)
+    inputs = PlanInputs.for_spec(spec_path, console, tuned_dir)
     measured = {s.name: s for s in summarize(RunStore(run_dir))}
     gpu = inputs.machine.gpu_mem_bytes is not None
     rows = []

@@ -1,10 +1,13 @@
-"""Step time with the sampler on vs off, in one process on one built engine, blocks alternating (ABAB...).
+"""Step time with the sampler on vs off, in one process on one built engine, blocks alternating.
 
-    python bench/telemetry_overhead.py SPEC --strategy NAME [--blocks 6 --steps-per-block 5 --hz 10]
+    python bench/telemetry_overhead.py SPEC --strategy NAME [--blocks 6 --steps-per-block 5 --hz 10] [--thread]
 
-Goal (issue 4): under 1% overhead. Alternating blocks on the same engine cancels drift (warm-up, thermal,
-page cache) that two separate runs would fold into the ratio; each sampled block is also compared with
-the mean of the unsampled blocks beside it, and the spread of those ratios says how far to trust the median.
+Goal (issue 4): under 1% overhead. "process" is the side-process sampler `offloadlab run` uses; --thread
+adds the same loop on a thread of the training process as a third arm (off, process, off, thread, ...),
+to show what sharing the trainer's GIL costs. Alternating blocks on the same engine cancels drift
+(warm-up, thermal, page cache) that separate runs would fold into the ratio; each sampled block is also
+compared with the mean of the unsampled blocks beside it, and the spread of those ratios says how far to
+trust the median.
 
 On a GPU it then cross-checks the sampler's "GPU idle" (1 - NVML utilization) against the kernels the
 CUDA profiler saw in one more sampled block: busy share = union of kernel intervals / block wall time.
@@ -28,7 +31,7 @@ from offloadlab.data import TokenSource
 from offloadlab.engines import DistContext, build_engine
 from offloadlab.spec import load_spec
 from offloadlab.store import RunStore
-from offloadlab.telemetry import Sampler
+from offloadlab.telemetry import Sampler, SamplerProcess
 from offloadlab.worker import vocab_size
 
 
@@ -39,6 +42,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=6)
     parser.add_argument("--steps-per-block", type=int, default=5)
     parser.add_argument("--hz", type=float, default=10.0)
+    parser.add_argument("--thread", action="store_true", help="Also measure the sampler on a thread of this process")
     args = parser.parse_args()
     for key, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0").items():
         os.environ.setdefault(key, value)
@@ -52,10 +56,15 @@ def main() -> None:
         strategy_id = store.add_strategy(store.add_run("overhead", ""), strategy.name, strategy.engine, {}, 0)
         engine = build_engine(spec, strategy, ctx, nvme_dir)
         source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
-        times: dict[bool, list[float]] = {True: [], False: []}
+        arms = ["process", "thread"] if args.thread else ["process"]
+        times: dict[str, list[float]] = {arm: [] for arm in ["off", *arms]}
         step = 0
+        samplers = {
+            "process": lambda: SamplerProcess(run_dir, strategy_id, hz=args.hz, nvme_path=nvme_dir),
+            "thread": lambda: Sampler(run_dir, strategy_id, hz=args.hz, nvme_path=nvme_dir),
+        }
 
-        def run_block(sampled: bool) -> None:
+        def run_block(arm: str) -> None:
             nonlocal step
             for _ in range(args.steps_per_block):
                 batches = source.micro_batches(step, ctx.rank, ctx.world_size, spec.micro_batch, spec.grad_accum)
@@ -63,53 +72,52 @@ def main() -> None:
                 engine.train_step(batches)
                 if ctx.device.type == "cuda":
                     torch.cuda.synchronize()
-                times[sampled].append(time.perf_counter() - start)
+                times[arm].append(time.perf_counter() - start)
                 engine.phase.drain()
                 step += 1
 
-        run_block(False)  # warm-up, discarded
-        times[False].clear()
-        block_medians: list[tuple[bool, float]] = []
+        run_block("off")  # warm-up, discarded
+        times["off"].clear()
+        block_medians: list[tuple[str, float]] = []
         for block in range(args.blocks):
-            sampled = block % 2 == 0
-            if sampled:
-                with Sampler(run_dir, strategy_id, hz=args.hz, nvme_path=nvme_dir) as sampler:
-                    run_block(True)
+            arm = arms[(block // 2) % len(arms)] if block % 2 == 0 else "off"
+            if arm == "off":
+                run_block(arm)
             else:
-                run_block(False)
-            block_medians.append((sampled, statistics.median(times[sampled][-args.steps_per_block:])))
+                with samplers[arm]():
+                    run_block(arm)
+            block_medians.append((arm, statistics.median(times[arm][-args.steps_per_block:])))
         samples = store.conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+        gpu_fields = bool(store.samples(strategy_id, "gpu%"))
         cross_check = gpu_busy_cross_check(run_block, store, run_dir, strategy_id, nvme_dir, args.hz, scratch) \
             if ctx.device.type == "cuda" else None
         engine.close()
-    on, off = statistics.median(times[True]), statistics.median(times[False])
+    off = statistics.median(times["off"])
     table = Table(title=f"telemetry overhead: {strategy.name}, {spec.model.preset or spec.model.hf_config}, {args.hz:g} Hz")
-    for col in ("sampler", "steps", "median step (s)", "mean step (s)"):
+    for col in ("sampler", "steps", "median step (s)", "mean step (s)", "median vs off", "per block vs neighbours: median (quartiles)"):
         table.add_column(col)
-    for sampled in (False, True):
-        table.add_row("on" if sampled else "off", str(len(times[sampled])), f"{statistics.median(times[sampled]):.4f}",
-                      f"{statistics.mean(times[sampled]):.4f}")
+    for arm, values in times.items():
+        pairs = paired_ratios(block_medians, arm) if arm != "off" else []
+        quartiles = (statistics.quantiles(pairs, n=4) if len(pairs) > 1 else [pairs[0]] * 3) if pairs else None
+        table.add_row(arm, str(len(values)), f"{statistics.median(values):.4f}", f"{statistics.mean(values):.4f}",
+                      "-" if arm == "off" else f"{100 * (statistics.median(values) / off - 1):+.2f}%",
+                      "-" if not quartiles else f"{100 * (quartiles[1] - 1):+.2f}% ({100 * (quartiles[0] - 1):+.2f}% .. "
+                      f"{100 * (quartiles[2] - 1):+.2f}%) over {len(pairs)} blocks")
     console = Console(width=150)
     console.print(table)
-    console.print(f"overhead (median on / median off - 1) = {100 * (on / off - 1):+.2f}%   "
-                  f"({samples} sample rows written, GPU fields {'present' if sampler.gpu else 'absent'})")
-    pairs = paired_ratios(block_medians)
-    if pairs:
-        quartiles = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else [pairs[0]] * 3
-        console.print(f"per sampled block vs its unsampled neighbours: median {100 * (quartiles[1] - 1):+.2f}%, "
-                      f"quartiles {100 * (quartiles[0] - 1):+.2f}% .. {100 * (quartiles[2] - 1):+.2f}% over {len(pairs)} blocks")
+    console.print(f"{samples} sample rows written, GPU fields {'present' if gpu_fields else 'absent'}")
     if cross_check:
         console.print("GPU busy cross-check (one sampled block): CUDA profiler kernel time {kernel:.1%} of wall; "
                       "sampler (NVML utilization) {nvml:.1%} busy, i.e. GPU idle {idle:.1%}".format(**cross_check))
 
 
-def paired_ratios(block_medians: list[tuple[bool, float]]) -> list[float]:
-    """Each sampled block's median step over the mean of the unsampled blocks next to it."""
+def paired_ratios(block_medians: list[tuple[str, float]], arm: str) -> list[float]:
+    """Each of `arm`'s blocks: its median step over the mean of the unsampled blocks next to it."""
     out = []
-    for i, (sampled, median) in enumerate(block_medians):
-        if not sampled:
+    for i, (this_arm, median) in enumerate(block_medians):
+        if this_arm != arm:
             continue
-        neighbours = [m for j, (s, m) in enumerate(block_medians) if not s and abs(i - j) == 1]
+        neighbours = [m for j, (a, m) in enumerate(block_medians) if a == "off" and abs(i - j) == 1]
         if neighbours:
             out.append(median / statistics.mean(neighbours))
     return out
@@ -120,11 +128,11 @@ def gpu_busy_cross_check(run_block, store: RunStore, run_dir: Path, strategy_id:
     from torch.profiler import ProfilerActivity, profile
 
     trace = Path(scratch) / "trace.json"
-    with Sampler(run_dir, strategy_id, hz=hz, nvme_path=nvme_dir):
+    with SamplerProcess(run_dir, strategy_id, hz=hz, nvme_path=nvme_dir):
         t0 = time.time()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             wall_start = time.perf_counter()
-            run_block(True)
+            run_block("process")
             wall = time.perf_counter() - wall_start
         t1 = time.time()
     prof.export_chrome_trace(str(trace))

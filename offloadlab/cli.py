@@ -23,6 +23,22 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
+def _stdout_for_json_only() -> None:
+    """With --json, stdout carries the JSON alone: DeepSpeed's logger (a stdout handler) and our progress go
+    to stderr."""
+    import logging
+
+    from offloadlab.preflight import choose_deepspeed_accelerator
+
+    choose_deepspeed_accelerator()
+    from deepspeed.utils import logger
+
+    for handler in logger.handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(sys.stderr)
+    console.file = sys.stderr
+
+
 def _sigterm_as_interrupt(signum, frame) -> None:
     # A SIGTERM (a scheduler's kill, `timeout`) cleans up the same way Ctrl-C does.
     raise KeyboardInterrupt
@@ -116,6 +132,8 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
     from offloadlab.tune import READ_SHARE, Tuner, TuneSettings
     from offloadlab.tune_output import plan_table, point_row, points_table, store_rows, summary_table, write_fragments
 
+    if as_json:
+        _stdout_for_json_only()
     if verify and spec_path is None:
         _fail("--verify needs --spec SPEC: the spec whose NVMe strategies are run with the tuned settings")
     settings = TuneSettings.for_mode(quick)
@@ -161,6 +179,7 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
         click.echo(json.dumps({"fragment": str(toml_path), "best": result.best.point.as_config(),
                                "read_gbps": result.best.read_gbps, "write_gbps": result.best.write_gbps,
                                "pcie": dataclasses.asdict(result.pcie) if result.pcie else None,
+                               "direct_io": dataclasses.asdict(result.direct_io),
                                "seconds": result.seconds, "points": store_rows(result)}, indent=2))
     else:
         console.print(points_table(result))
@@ -195,6 +214,8 @@ def plan(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, g
     from offloadlab.plan_output import breakdown_table, plan_table, write_plan
     from offloadlab.plan_inputs import PlanInputs
 
+    if as_json:
+        _stdout_for_json_only()
     try:
         inputs = PlanInputs.gather(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, gpu_mem,
                                    host_mem, nvme_path, tuned_dir, console, tflops, pcie)

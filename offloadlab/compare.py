@@ -23,6 +23,8 @@ class StrategySummary:
     steps_planned: int
     median_step_time_s: float | None
     tokens_per_s: float | None
+    mfu_percent: float | None
+    """Model FLOPs utilization per GPU against metrics.PEAK_TFLOPS; None on a device not in that table."""
     peak_allocated_bytes: int | None
     peak_reserved_bytes: int | None
     host_rss_peak_bytes: int | None
@@ -77,6 +79,11 @@ def _comm_per_step(store: RunStore, strategy_id: int, steps: set[int]) -> dict[i
     return out
 
 
+def _model_facts(store: RunStore, strategy_id: int) -> metrics.ModelFacts | None:
+    events = store.events(strategy_id, metrics.MODEL_FACTS_EVENT)
+    return metrics.ModelFacts(**json.loads(events[0]["detail"])) if events else None
+
+
 def summarize(store: RunStore) -> list[StrategySummary]:
     run = store.run()
     out = []
@@ -91,6 +98,8 @@ def summarize(store: RunStore) -> list[StrategySummary]:
         telemetry = per_step(store, row["id"], steady)
         comm = _comm_per_step(store, row["id"], steady_steps)
         verified = row["checkpoint_verified"]
+        tokens_per_s = metrics.median([r.tokens_per_s for r in steady])
+        facts = _model_facts(store, row["id"])
         out.append(
             StrategySummary(
                 name=row["name"],
@@ -100,7 +109,8 @@ def summarize(store: RunStore) -> list[StrategySummary]:
                 steps_done=len(rank0),
                 steps_planned=row["steps_planned"],
                 median_step_time_s=median_time,
-                tokens_per_s=metrics.median([r.tokens_per_s for r in steady]),
+                tokens_per_s=tokens_per_s,
+                mfu_percent=metrics.mfu_percent(tokens_per_s, facts) if facts and tokens_per_s else None,
                 peak_allocated_bytes=_max_or_none([r.peak_allocated_bytes for r in every_rank]),
                 peak_reserved_bytes=_max_or_none([r.peak_reserved_bytes for r in every_rank]),
                 host_rss_peak_bytes=_max_or_none([r.host_rss_peak_bytes for r in every_rank]),
@@ -145,7 +155,7 @@ STATUS_STYLE = {"done": "green", "does_not_fit": "yellow", "failed": "red", "run
 
 def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
     table = Table(title=f"offloadlab compare {run_dir}", header_style="bold")
-    for col in ("strategy", "status", "step (s)", "tokens/s", "GPU peak\nalloc / resv", "host RSS\npeak",
+    for col in ("strategy", "status", "step (s)", "tokens/s\nMFU", "GPU peak\nalloc / resv", "host RSS\npeak",
                 "NVMe/step\nread / write", "GPU\nidle", "PCIe GB/s\ntx / rx", "comm/step\nbytes / s", "SSD writes\nper 10k steps",
                 "checkpoint"):
         text = col in ("strategy", "status", "checkpoint")
@@ -159,7 +169,7 @@ def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
             f"{s.name}\n[dim]{s.engine}[/]",
             f"[{STATUS_STYLE.get(s.status, 'white')}]{status}[/]",
             _fmt(s.median_step_time_s, "{:.3f}"),
-            _fmt(s.tokens_per_s, "{:,.0f}"),
+            f"{_fmt(s.tokens_per_s, '{:,.0f}')}\n{_fmt(s.mfu_percent, '{:.1f}%')}",
             f"{human_bytes(s.peak_allocated_bytes)}\n{human_bytes(s.peak_reserved_bytes)}",
             human_bytes(s.host_rss_peak_bytes),
             f"{human_bytes(s.disk_read_bytes_per_step)}\n{human_bytes(s.disk_write_bytes_per_step)}",

@@ -89,11 +89,44 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
     return None
 
 
-def mfu_percent(tokens_per_s_per_gpu: float, flops_per_token: float, device_name: str, precision: str) -> float | None:
-    peak = peak_tflops(device_name, precision)
+def flops_per_token(n_params: int, n_layers: int, d_model: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N for the dense matmuls plus 12*L*d*s for attention (PaLM appendix B).
+
+    Model FLOPs: activation checkpointing's recomputed forward is not counted, as in torchtitan's MFU.
+    """
+    return 6.0 * n_params + 12.0 * n_layers * d_model * seq_len
+
+
+MODEL_FACTS_EVENT = "model"
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What MFU needs about a strategy's run, recorded once by rank 0 after the engine is built."""
+
+    n_params: int
+    n_layers: int
+    d_model: int
+    seq_len: int
+    precision: str
+    device_name: str
+    world_size: int
+
+    @property
+    def flops_per_token(self) -> float:
+        return flops_per_token(self.n_params, self.n_layers, self.d_model, self.seq_len)
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def mfu_percent(tokens_per_s: float, facts: ModelFacts) -> float | None:
+    """Achieved model FLOP/s per GPU over the dense peak of PEAK_TFLOPS; None for a device not in the table."""
+    peak = peak_tflops(facts.device_name, facts.precision)
     if peak is None:
         return None
-    return 100.0 * tokens_per_s_per_gpu * flops_per_token / (peak * 1e12)
+    return 100.0 * tokens_per_s / facts.world_size * facts.flops_per_token / (peak * 1e12)
 
 
 def median(values: list[float]) -> float | None:

@@ -168,11 +168,6 @@ def build_model(spec: ModelSpec, seq_len: int, seed: int) -> nn.Module:
     return model
 
 
-def flops_per_token(n_params: int, n_layers: int, d_model: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6N for the dense matmuls plus 12*L*d*s for attention (PaLM appendix B)."""
-    return 6.0 * n_params + 12.0 * n_layers * d_model * seq_len
-
-
 def model_numbers(model: nn.Module) -> tuple[int, int, int]:
     """(parameters, layers, hidden size) of a built model, counting ZeRO-3 partitioned params at full size."""
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from offloadlab.metrics import flops_per_token
 from offloadlab.model import GPTConfig
 
 GiB = 1 << 30
@@ -341,7 +342,7 @@ def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> Ste
     """Lower bound: compute, PCIe and parameter fetches overlap; the optimizer phase follows backward."""
     moved = step_bytes(p, shape, world)
     tokens = shape.seq_len * shape.micro_batch * shape.grad_accum
-    flops = (6 * shape.n_params + 12 * shape.n_layers * shape.d_model * shape.seq_len) * tokens
+    flops = flops_per_token(shape.n_params, shape.n_layers, shape.d_model, shape.seq_len) * tokens
     if p.activation_checkpointing:
         flops *= 4 / 3  # forward once more
     parts = {"compute": flops / links.flops_per_s}

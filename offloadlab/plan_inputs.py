@@ -88,9 +88,10 @@ class PlanInputs:
         return cls(spec, shape, machine, links, buffers, fragment, title)
 
     @classmethod
-    def for_spec(cls, spec_path: Path, console: Console) -> "PlanInputs":
-        """This machine as detected, the spec's model, batch, ranks and NVMe path."""
-        return cls.gather(spec_path, None, 0, 0, 0, "bf16", None, None, None, None, None, console)
+    def for_spec(cls, spec_path: Path, console: Console, tuned_dir: Path | None = None) -> "PlanInputs":
+        """This machine as detected, the spec's model, batch, ranks and NVMe path (drive rates from
+        tuned_dir's tune results, else the newest under runs/, else a quick measurement)."""
+        return cls.gather(spec_path, None, 0, 0, 0, "bf16", None, None, None, None, tuned_dir, console)
 
     @staticmethod
     def _links(precision: str, nvme_path: Path | None, tuned_dir: Path | None, console: Console) -> Links:

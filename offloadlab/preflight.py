@@ -76,8 +76,13 @@ def check_free_disk(path: Path, needed_bytes: int, role: str) -> None:
         )
 
 
-def check_libaio() -> None:
+def choose_deepspeed_accelerator() -> None:
+    """Before DeepSpeed is first imported: its accelerator is picked once, at import."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if _has_cuda() else "cpu")
+
+
+def check_libaio() -> None:
+    choose_deepspeed_accelerator()
     from deepspeed.ops.op_builder import AsyncIOBuilder
 
     if not AsyncIOBuilder().is_compatible(verbose=False):
@@ -87,24 +92,42 @@ def check_libaio() -> None:
         )
 
 
-# A build takes one or two minutes; a lock older than this was left by a build that was killed, and
-# torch would wait on it forever.
-STALE_BUILD_LOCK_S = 15 * 60
+# torch takes the lock, writes build.ninja and starts ninja within this; a younger lock may be a build
+# that is only starting.
+BUILD_LOCK_GRACE_S = 30
+
+
+def _someone_builds_in(build_dir: Path) -> bool:
+    """torch runs ninja (and ninja the compilers) with the build directory as working directory."""
+    for proc in psutil.process_iter():
+        try:
+            cwd = Path(proc.cwd())
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, FileNotFoundError):
+            # One we may not inspect is another user's, and builds go to each user's own extensions folder.
+            continue
+        if cwd == build_dir or build_dir in cwd.parents:
+            return True
+    return False
 
 
 def check_build_lock(op_name: str) -> None:
-    """Fail on a JIT build lock that no live build holds, instead of hanging in torch's FileBaton."""
+    """Fail on a JIT build lock that no live build holds, instead of hanging in torch's FileBaton.
+
+    A build killed part-way (a Ctrl-C, a timeout, a job's end) leaves its lock, and torch waits on it forever.
+    """
     from torch.utils.cpp_extension import _get_build_directory
 
-    lock = Path(_get_build_directory(op_name, verbose=False)) / "lock"
+    build_dir = Path(_get_build_directory(op_name, verbose=False)).resolve()
+    lock = build_dir / "lock"
     try:
         age = time.time() - lock.stat().st_mtime
     except FileNotFoundError:
         return
-    if age > STALE_BUILD_LOCK_S:
+    if age > BUILD_LOCK_GRACE_S and not _someone_builds_in(build_dir):
         raise PreflightError(
-            f"{lock} is {age / 60:.0f} minutes old: a build of DeepSpeed's {op_name} op was killed and left its lock, "
-            f"and every later build would wait on it forever. If no build is running, delete that file and retry"
+            f"{lock} was left by a build of DeepSpeed's {op_name} op that is no longer running (no process works "
+            f"in {build_dir}; the lock is {age / 60:.0f} min old), and every later build would wait on it forever: "
+            "delete that file and retry"
         )
 
 
@@ -141,8 +164,50 @@ def nvme_bytes_needed(strategy: DeepSpeedStrategy, n_params: int, param_bytes: i
     return total
 
 
-def preflight_run(spec: RunSpec) -> None:
-    """Everything `offloadlab run` can check before it starts a process."""
+def checkpoint_bytes_needed(strategy, n_params: int, param_bytes: int) -> int:
+    """Run-directory bytes while a strategy's checkpoint is verified.
+
+    A checkpoint holds fp32 weights and both Adam moments (12 bytes a parameter; measured on ZeRO-3 NVMe,
+    ZeRO-3 CPU and FSDP2 checkpoints), ZeRO-1/2 add the low-precision module copy. DeepSpeed's restore
+    check saves the restored state once more beside the checkpoint, so its peak is two copies.
+    """
+    if isinstance(strategy, DeepSpeedStrategy):
+        return 2 * n_params * (12 + (param_bytes if strategy.zero_stage < 3 else 0))
+    return 12 * n_params
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.resolve()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def check_disk_for_run(spec: RunSpec, run_dir: Path, n_params: int) -> None:
+    """Strategies run one after another and each one's swap folder and checkpoint are removed after it:
+    the largest strategy must fit, swap and checkpoint together where both are on one filesystem."""
+    param_bytes = 2 if spec.precision == "bf16" else 4
+    run_fs = _nearest_existing(run_dir)
+    nvme_fs = spec.nvme_path if any(s.uses_nvme for s in spec.strategy) else None
+    same_fs = nvme_fs is not None and os.stat(nvme_fs).st_dev == os.stat(run_fs).st_dev
+    for strategy in spec.strategy:
+        swap = 1.1 * nvme_bytes_needed(strategy, n_params, param_bytes) if isinstance(strategy, DeepSpeedStrategy) else 0
+        checkpoint = checkpoint_bytes_needed(strategy, n_params, param_bytes) if spec.verify_checkpoint else 0
+        fix = " (or set verify_checkpoint = false, or pass --out on another drive)" if checkpoint else ""
+        try:
+            if same_fs:
+                check_free_disk(nvme_fs, int(swap + checkpoint), f"strategy {strategy.name!r}: nvme_path (swap + checkpoint)")
+            else:
+                if swap:
+                    check_free_disk(nvme_fs, int(swap), f"strategy {strategy.name!r}: nvme_path (swap)")
+                if checkpoint:
+                    check_free_disk(run_fs, int(checkpoint), f"strategy {strategy.name!r}: run directory (checkpoint)")
+        except PreflightError as err:
+            raise PreflightError(f"{err}{fix}") from None
+
+
+def preflight_run(spec: RunSpec, run_dir: Path) -> None:
+    """Everything `offloadlab run` can check before it starts a process; run_dir need not exist yet."""
     from offloadlab.model import gpt_config
 
     shape = gpt_config(spec.model, spec.seq_len) if spec.model.hf_config is None else None
@@ -150,20 +215,16 @@ def preflight_run(spec: RunSpec) -> None:
     if any(s.offload_optimizer != "none" for s in deepspeed):
         check_build_lock("cpu_adam")
     nvme = [s for s in deepspeed if s.uses_nvme]
-    if not nvme:
-        return
-    check_directory(spec.nvme_path, "nvme_path")
-    check_direct_io(spec.nvme_path, "nvme_path")
-    # Built here once rather than by the first rank that needs it, inside a torchrun job.
-    load_async_io()
+    if nvme:
+        check_directory(spec.nvme_path, "nvme_path")
+        check_direct_io(spec.nvme_path, "nvme_path")
+        # Built here once rather than by the first rank that needs it, inside a torchrun job.
+        load_async_io()
     if shape is None:
         return
-    param_bytes = 2 if spec.precision == "bf16" else 4
     for strategy in nvme:
         check_buffer_fits_largest_param(strategy, shape.largest_param_numel)
-        # Strategies run one after another and each folder is removed after: the largest one must fit.
-        check_free_disk(spec.nvme_path, int(1.1 * nvme_bytes_needed(strategy, shape.n_params, param_bytes)),
-                        "nvme_path")
+    check_disk_for_run(spec, run_dir, shape.n_params)
 
 
 def check_pinned_memory(pinned_bytes: int) -> None:

@@ -78,6 +78,7 @@ def _summary_rows(summaries: list[StrategySummary]) -> str:
             s.name, s.engine, status,
             "-" if s.median_step_time_s is None else f"{s.median_step_time_s:.3f}",
             "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",
+            "-" if s.mfu_percent is None else f"{s.mfu_percent:.1f}%",
             human_bytes(s.peak_allocated_bytes), human_bytes(s.host_rss_peak_bytes),
             human_bytes(s.disk_read_bytes_per_step), human_bytes(s.disk_write_bytes_per_step),
             "-" if s.gpu_idle_share is None else f"{100 * s.gpu_idle_share:.0f}%", ckpt)) + "</tr>")
@@ -104,7 +105,7 @@ td:first-child,td:nth-child(2),td:nth-child(3){{text-align:left}}.row{{display:f
 figcaption{{font-size:12px;font-weight:bold}}</style></head><body>
 <h1>offloadlab report: {html.escape(run['name'])}</h1><p>run directory {html.escape(str(run_dir))}, status {html.escape(run['status'])}.
 Step time excludes the first step in the medians; the first line of two-line panels is tx/read, the second rx/write.</p>
-<table><tr><th>strategy</th><th>engine</th><th>status</th><th>step (s)</th><th>tokens/s</th><th>GPU peak alloc</th>
+<table><tr><th>strategy</th><th>engine</th><th>status</th><th>step (s)</th><th>tokens/s</th><th>MFU</th><th>GPU peak alloc</th>
 <th>host RSS peak</th><th>NVMe read/step</th><th>NVMe write/step</th><th>GPU idle</th><th>checkpoint</th></tr>
 {_summary_rows(summaries)}</table>
 {''.join(sections)}

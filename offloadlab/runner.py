@@ -54,10 +54,10 @@ def spec_toml(spec: RunSpec) -> str:
 
 
 def new_run_dir(spec: RunSpec, out: Path | None) -> Path:
+    """The run directory's path, checked to be new or empty; created by the caller after the preflight."""
     run_dir = out or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if run_dir.exists() and any(run_dir.iterdir()):
         raise SpecError(f"run directory {run_dir} exists and is not empty: pass another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir.resolve()
 
 
@@ -187,7 +187,8 @@ class Runner:
 
 
 def run_spec(spec: RunSpec, out: Path | None, launch: Launch, console: Console, keep_checkpoints: bool = False) -> Path:
-    preflight_run(spec)
     run_dir = new_run_dir(spec, out)
+    preflight_run(spec, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     Runner(spec, run_dir, launch, console, keep_checkpoints).run()
     return run_dir

@@ -1,14 +1,24 @@
-"""The sampler: a background thread that records GPU (NVML), host (psutil) and disk (diskstats) figures
-into the run store while a strategy trains, on the same clock (time.time) as step and phase events.
+"""The sampler: records GPU (NVML), host (psutil) and disk (diskstats) figures into the run store while a
+strategy trains, on the same clock (time.time) as step and phase events.
 
-NVML's PCIe throughput getter blocks ~20 ms per call; ctypes releases the GIL around foreign calls, so
-the training loop keeps running while the sampler waits on the driver. Each NVML getter is read on its
-own: a field the GPU does not support is recorded as absent, never the whole sample.
+`Sampler` is the sampling loop on a background thread; `SamplerProcess` runs it in a process of its own,
+which is how `offloadlab run` uses it. A thread in the training process shares its GIL: psutil, /proc
+reads and SQLite inserts are Python, and on an H200 they slowed a launch-bound FSDP2 step by ~7%
+(bench/results/2026-12-02-h200-s3). NVML's PCIe throughput getter blocks ~20 ms per call wherever it runs.
+Each NVML getter is read on its own: a field the GPU does not support is recorded as absent, never the
+whole sample.
+
+    python -m offloadlab.telemetry --run-dir D --strategy-id N --hz 10 [--nvme-path P] [--root-pid PID]
+samples until its stdin closes (the parent exits or says stop) or it gets SIGTERM.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -18,7 +28,6 @@ from typing import Callable, Protocol
 import psutil
 
 from offloadlab.block_devices import BlockDevices, read_diskstats, resolve_block_devices
-from offloadlab.metrics import exclude_this_thread_from_io
 from offloadlab.store import RunStore
 
 GPU_FIELDS = ("util(%)", "mem_used(B)", "pcie_tx(B/s)", "pcie_rx(B/s)", "power(W)", "temp(C)")
@@ -113,7 +122,10 @@ class Sampler:
         self._thread.join()
 
     def _loop(self) -> None:
-        exclude_this_thread_from_io()
+        if "torch" in sys.modules:  # inside a training process: keep the store's writes out of its step I/O
+            from offloadlab.metrics import exclude_this_thread_from_io
+
+            exclude_this_thread_from_io()
         store = RunStore(self.run_dir)
         store.add_events(self.strategy_id, None, [(None, "telemetry_note", time.time(), None, n) for n in self.notes])
         pending: list[tuple] = []
@@ -143,6 +155,8 @@ class Sampler:
     def _host(self, t: float) -> list[tuple]:
         rss = 0
         for proc in [self.root, *self.root.children(recursive=True)]:
+            if proc.pid == os.getpid() != self.root.pid:
+                continue  # a side-process sampler is not part of what trains
             try:
                 rss += proc.memory_info().rss
             except psutil.Error:
@@ -169,3 +183,54 @@ class Sampler:
                      (t, "disk", f"{prefix}.write_iops", (after.writes - before.writes) / dt)]
         self.disk.last, self.disk.t = now, t
         return rows
+
+
+READY = "sampling"
+
+
+class SamplerProcess:
+    """`Sampler` in a child process (`with SamplerProcess(...)`): nothing it does takes the trainer's GIL."""
+
+    def __init__(self, run_dir: Path, strategy_id: int, hz: float = 10.0, nvme_path: Path | None = None,
+                 root_pid: int | None = None):
+        self.cmd = [sys.executable, "-m", "offloadlab.telemetry", "--run-dir", str(run_dir), "--strategy-id",
+                    str(strategy_id), "--hz", str(hz), "--root-pid", str(root_pid or os.getpid())]
+        if nvme_path is not None:
+            self.cmd += ["--nvme-path", str(nvme_path)]
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "SamplerProcess":
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # Back once the child samples: what follows (an engine build, a timed block) is covered from its start.
+        if self.proc.stdout.readline().strip() != READY:
+            self.proc.wait()
+            raise RuntimeError(f"the telemetry sampler exited with code {self.proc.returncode} before sampling")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.stdin.close()  # its last samples are flushed before it exits
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m offloadlab.telemetry")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--strategy-id", type=int, required=True)
+    parser.add_argument("--hz", type=float, default=10.0)
+    parser.add_argument("--nvme-path", type=Path)
+    parser.add_argument("--root-pid", type=int)
+    args = parser.parse_args(argv)
+    # Ctrl-C reaches the whole job; the sampler stops when its parent does, through stdin.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # leaves the `with`: the sampler flushes
+    with Sampler(args.run_dir, args.strategy_id, hz=args.hz, nvme_path=args.nvme_path, root_pid=args.root_pid):
+        print(READY, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()

@@ -14,19 +14,23 @@ import argparse
 import contextlib
 import errno
 import os
+import json
 import sys
+import time
 import tomllib
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 from offloadlab.checkpoint import restore_and_check
 from offloadlab.comm_meter import CommMeter
 from offloadlab.data import TokenSource
 from offloadlab.engines import DistContext, build_engine
-from offloadlab.model import gpt_config, hf_config_folder
+from offloadlab.metrics import MODEL_FACTS_EVENT, ModelFacts, device_name
+from offloadlab.model import gpt_config, hf_config_folder, model_numbers
 from offloadlab.spec import RunSpec, parse_spec
 from offloadlab.store import RunStore
-from offloadlab.telemetry import Sampler
+from offloadlab.telemetry import SamplerProcess
 from offloadlab.trainer import StepWindow, run_steps
 
 # Two losses of the same step agree to this relative tolerance after a restore (float reductions may be
@@ -66,12 +70,22 @@ def sampler_for(spec: RunSpec, ctx: DistContext, run_dir: Path, strategy_id: int
         return contextlib.nullcontext()
     root_pid = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
     disk_path = nvme_dir or spec.nvme_path or run_dir
-    return Sampler(run_dir, strategy_id, hz=spec.telemetry_hz, nvme_path=disk_path, root_pid=root_pid)
+    return SamplerProcess(run_dir, strategy_id, hz=spec.telemetry_hz, nvme_path=disk_path, root_pid=root_pid)
+
+
+def record_model_facts(store: RunStore, strategy_id: int, spec: RunSpec, engine) -> None:
+    n_params, n_layers, d_model = model_numbers(engine.module)
+    facts = ModelFacts(n_params, n_layers, d_model, spec.seq_len, spec.precision, device_name(engine.ctx.device),
+                       engine.ctx.world_size)
+    now = time.time()
+    store.add_events(strategy_id, 0, [(None, MODEL_FACTS_EVENT, now, now, json.dumps(asdict(facts)))])
 
 
 def _train(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
     with sampler_for(spec, ctx, run_dir, strategy_id, nvme_dir):
         engine = build_engine(spec, strategy, ctx, nvme_dir)
+        if ctx.rank == 0:
+            record_model_facts(store, strategy_id, spec, engine)
         source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
         root = checkpoint_root(run_dir, strategy.name) if spec.verify_checkpoint else None
         run_steps(engine, spec, source, store, strategy_id, StepWindow(1, spec.steps), checkpoint_root=root)

@@ -20,6 +20,10 @@ class TensorEngine(Engine):
         self.weight = torch.full((4,), value)
         self.fail_mid_save = fail_mid_save
 
+    @property
+    def module(self):
+        raise NotImplementedError
+
     def train_step(self, batches):
         raise NotImplementedError
 

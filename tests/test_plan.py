@@ -135,7 +135,7 @@ def test_plan_without_spec_or_model_names_the_fix():
 def test_plan_json_lists_every_placement(tmp_path):
     proc = cli("plan", "--model", "gpt-125m", "--gpus", "1", "--gpu-mem", "80", "--host-mem", "64", "--nvme",
                str(tmp_path), "--json")
-    result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    result = json.loads(proc.stdout)
     names = {p["strategy"] for p in result["predictions"]}
     assert {"zero1", "zero2-cpu", "zero3-opt-nvme-param-nvme", "fsdp2", "fsdp2-cpu-offload"} <= names
     assert all(p["step_bound_s"] > 0 for p in result["predictions"] if p["fits"])

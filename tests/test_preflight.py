@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import cli, write_spec
-from offloadlab.preflight import PreflightError, check_build_lock, check_direct_io, check_directory, check_free_disk
+from offloadlab.preflight import (PreflightError, check_build_lock, check_direct_io, check_directory, check_disk_for_run,
+                                  check_free_disk)
+from offloadlab.spec import load_spec
 
 NVME_STRATEGY = dict(name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
                      buffer_size=1_000_000)
@@ -59,14 +63,50 @@ def test_run_rejects_tmpfs_nvme_path(tmp_path):
     assert "no O_DIRECT" in proc.stdout
 
 
-def test_a_stale_jit_build_lock_is_named_instead_of_waited_on(tmp_path, monkeypatch):
+def test_a_killed_builds_jit_lock_is_named_instead_of_waited_on(tmp_path, monkeypatch):
+    """Seen on the GPU machine: a build killed a minute in left its lock and the next tune waited forever."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     lock = tmp_path / "async_io" / "lock"
     lock.parent.mkdir()
     lock.touch()
-    check_build_lock("async_io")  # a build in progress holds a fresh lock: wait for it, as torch does
-    hour_ago = time.time() - 3600
-    os.utime(lock, (hour_ago, hour_ago))
-    with pytest.raises(PreflightError, match=rf"{lock} is 60 minutes old: .* delete that file"):
+    check_build_lock("async_io")  # a fresh lock may be a build that is only starting: wait for it, as torch does
+    minute_ago = time.time() - 60
+    os.utime(lock, (minute_ago, minute_ago))
+    compiler = subprocess.Popen(["sleep", "60"], cwd=lock.parent)  # a live build works in the folder
+    try:
         check_build_lock("async_io")
-    assert lock.exists()  # named, never removed: a slow build elsewhere may still own it
+    finally:
+        compiler.kill()
+        compiler.wait()
+    with pytest.raises(PreflightError, match=rf"{lock} was left by a build .* no longer running .* delete that file"):
+        check_build_lock("async_io")
+    assert lock.exists()  # named, never removed: it is not ours
+
+
+def _model_of(n_params_target: int) -> dict:
+    """One block of d = 1024 and a vocabulary sized so the model has about n_params_target parameters."""
+    d = 1024
+    return dict(d_model=d, n_layers=1, n_heads=8, vocab_size=max(256, (n_params_target - 12 * d * d) // (2 * d)))
+
+
+def test_run_counts_the_checkpoint_beside_the_swap_folder_on_one_drive(tmp_path):
+    """A ZeRO-3 NVMe strategy whose swap folder fits the free disk, but not with its checkpoint and the
+    restore check's second copy on the same drive: refused before any process starts, with the fixes named."""
+    from offloadlab.model import gpt_config
+    from offloadlab.spec import ModelSpec
+
+    free = shutil.disk_usage(tmp_path).free
+    model = _model_of(int(free / 30))  # swap ~19.8 B/param fits; swap + 2 x 12 B/param checkpoint does not
+    n_params = gpt_config(ModelSpec(**model), 32).n_params
+    assert 1.1 * 18 * n_params < free < (1.1 * 18 + 24) * n_params
+    strategy = NVME_STRATEGY | {"buffer_size": 2 * n_params}
+    spec = write_spec(tmp_path, [strategy], nvme_path=str(tmp_path), precision="bf16", model=model)
+    proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
+    assert proc.returncode == 2, proc.stdout
+    assert "'z3': nvme_path (swap + checkpoint)" in proc.stdout
+    assert "set verify_checkpoint = false, or pass --out on another drive" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.toml"]
+
+    without_check = load_spec(write_spec(tmp_path, [strategy], nvme_path=str(tmp_path), precision="bf16", model=model,
+                                         verify_checkpoint=False))
+    check_disk_for_run(without_check, tmp_path / "run", n_params)  # the swap folder alone fits

@@ -142,3 +142,25 @@ def test_collective_volume_is_recorded_per_rank_and_step(world2):
         assert store.events(row["id"], "comm.all_gather"), row["name"]
     for summary in summarize(store):
         assert summary.comm_bytes_per_step >= gradient_bytes and summary.comm_seconds_per_step > 0
+
+
+def test_model_facts_are_recorded_and_mfu_follows_from_them(world1, world2):
+    """Both engines count every parameter (ZeRO-3 partitions at full size); MFU is per GPU over the peak table."""
+    from dataclasses import replace
+
+    from offloadlab import metrics
+    from offloadlab.compare import _model_facts
+    from offloadlab.model import gpt_config
+    from offloadlab.spec import ModelSpec
+
+    cfg = gpt_config(ModelSpec(preset="tiny"), 32)
+    for run_dir, world in ((world1, 1), (world2, 2)):
+        store = RunStore(run_dir)
+        for row, summary in zip(store.strategies(store.run()["id"]), summarize(store)):
+            facts = _model_facts(store, row["id"])
+            assert (facts.n_params, facts.n_layers, facts.d_model) == (cfg.n_params, cfg.n_layers, cfg.d_model), row["name"]
+            assert (facts.device_name, facts.world_size, facts.seq_len) == ("cpu", world, 32)
+            assert summary.mfu_percent is None  # a CPU has no entry in the peak table
+    on_h200 = replace(facts, device_name="NVIDIA H200", precision="bf16")
+    per_gpu_flops = 1e5 / 2 * (6 * cfg.n_params + 12 * cfg.n_layers * cfg.d_model * 32)
+    assert metrics.mfu_percent(1e5, on_h200) == pytest.approx(100 * per_gpu_flops / 989e12)

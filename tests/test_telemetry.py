@@ -5,9 +5,12 @@ NVML is absent on this machine: GPU fields are faked behind the sampler's `GpuRe
 from __future__ import annotations
 
 import os
+import signal
+import statistics
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import cli, write_spec
@@ -15,7 +18,7 @@ from offloadlab.block_devices import read_diskstats, resolve_block_devices
 from offloadlab.compare import summarize
 from offloadlab.step_telemetry import CumulativeSeries
 from offloadlab.store import RunStore
-from offloadlab.telemetry import GPU_FIELDS, NvmlReader, Sampler
+from offloadlab.telemetry import GPU_FIELDS, NvmlReader, Sampler, SamplerProcess
 
 SWAPPING = [
     # small-cpu's matrices are over DeepSpeed's 1 MiB swap threshold, so they really go to the drive.
@@ -144,3 +147,30 @@ def test_report_has_a_chart_per_strategy_and_metric(swapping_run):
     assert page.count("<figure>") == 6 * 2  # six panels, two strategies
     assert page.count("<polyline") >= 2 * 3  # step time, NVMe and RSS for both strategies at least
     assert "zero3-nvme" in page and "verified" in page
+
+
+def test_the_side_process_sampler_records_and_leaves_itself_out_of_the_rss(tmp_path):
+    """What `offloadlab run` uses: the loop in a child process, stopped by closing its stdin."""
+    strategy_id = _store_with_strategy(tmp_path)
+    with SamplerProcess(tmp_path, strategy_id, hz=20, nvme_path=tmp_path) as sampler:
+        time.sleep(1.5)
+        own_rss = psutil.Process().memory_info().rss
+    assert sampler.proc.returncode == 0
+    store = RunStore(tmp_path)
+    rss = [v for _, _, v in store.samples(strategy_id, "host.rss_tree(B)")]
+    assert len(rss) >= 10
+    # The tree is this process (the root) alone: the sampler's own ~30 MB interpreter is not counted.
+    assert statistics.median(rss) == pytest.approx(own_rss, rel=0.02)
+    assert store.events(strategy_id, "telemetry_note")  # NVML is absent here, said once
+    assert len(store.events(strategy_id, "telemetry_note")) == 1
+
+
+def test_the_side_process_sampler_flushes_on_sigterm(tmp_path):
+    """A run stopped with Ctrl-C sends SIGTERM to the job's process group, the sampler included."""
+    strategy_id = _store_with_strategy(tmp_path)
+    with SamplerProcess(tmp_path, strategy_id, hz=20, nvme_path=tmp_path) as sampler:
+        time.sleep(1.0)
+        sampler.proc.send_signal(signal.SIGTERM)
+        sampler.proc.wait(timeout=10)
+    assert sampler.proc.returncode == 0
+    assert len(RunStore(tmp_path).samples(strategy_id, "host.cpu(%)")) >= 5

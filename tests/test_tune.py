@@ -32,7 +32,7 @@ def tuned(tmp_path_factory) -> tuple[Path, Path, dict]:
     out = tmp_path_factory.mktemp("tune-out")
     spec = write_spec(out, [NVME_STRATEGY], nvme_path=str(nvme))
     proc = cli("tune", "--nvme", str(nvme), "--quick", "--out", str(out / "result"), "--spec", str(spec), "--json")
-    return nvme, out / "result", json.loads(proc.stdout[proc.stdout.index("{"):])
+    return nvme, out / "result", json.loads(proc.stdout)
 
 
 def test_sweep_measures_points_and_finds_one_at_least_as_good_as_the_default(tuned):

@@ -107,7 +107,7 @@ class RunHeader(Static):
 class CompareTable(DataTable):
     """The strategies side by side; a row fills in when its strategy finishes."""
 
-    COLUMNS = ("strategy", "status", "step (s)", "tokens/s", "GPU peak", "host RSS", "NVMe r/w per step", "GPU idle", "comm/step", "ckpt")
+    COLUMNS = ("strategy", "status", "step (s)", "tokens/s", "MFU", "GPU peak", "host RSS", "NVMe r/w per step", "GPU idle", "comm/step", "ckpt")
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -124,6 +124,7 @@ class CompareTable(DataTable):
             self.add_row(
                 # The reason is in the strategy's panel; the table keeps to one short word.
                 s.name, status_text(s, with_reason=False), fmt(s.median_step_time_s, "{:.3f}"), fmt(s.tokens_per_s, "{:,.0f}"),
+                fmt(s.mfu_percent, "{:.1f}%"),
                 human_bytes(s.peak_allocated_bytes) if finished else "-",
                 human_bytes(s.host_rss_peak_bytes) if finished else "-",
                 f"{human_bytes(s.disk_read_bytes_per_step)} / {human_bytes(s.disk_write_bytes_per_step)}" if finished else "-",

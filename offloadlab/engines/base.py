@@ -111,6 +111,11 @@ class Engine(ABC):
         self.ctx = ctx
         self.phase = PhaseTimer()
 
+    @property
+    @abstractmethod
+    def module(self) -> torch.nn.Module:
+        """The model being trained (sharded or partitioned in place)."""
+
     @abstractmethod
     def train_step(self, batches: list[Batch]) -> float:
         """One optimizer step over `batches` (this rank's micro-batches); returns the mean loss over all ranks."""

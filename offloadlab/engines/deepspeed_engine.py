@@ -70,6 +70,10 @@ class DeepSpeedEngine(Engine):
         super().__init__(ctx)
         self.engine = engine
 
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
     def train_step(self, batches: list[Batch]) -> float:
         losses = []
         for batch in batches:

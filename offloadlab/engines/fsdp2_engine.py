@@ -46,6 +46,10 @@ class FSDP2Engine(Engine):
         super().__init__(ctx)
         self.model, self.optimizer, self.grad_clip = model, optimizer, grad_clip
 
+    @property
+    def module(self) -> nn.Module:
+        return self.model
+
     def train_step(self, batches: list[Batch]) -> float:
         losses = []
         for i, batch in enumerate(batches):
