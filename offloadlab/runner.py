@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from offloadlab.preflight import preflight_run
-from offloadlab.spec import RunSpec, SpecError
+from offloadlab.spec import FSDP2Strategy, RunSpec, SpecError
 from offloadlab.store import RunStore
 
 NVME_PREFIX = "offloadlab-"
@@ -121,6 +121,14 @@ class Runner:
                     rc = self._launch(job, "verify", progress, None)
                     if rc != 0 and self.store.strategy(job.strategy_id)["checkpoint_verified"] is None:
                         self.store.set_checkpoint_result(job.strategy_id, False, self._exit_reason(rc, job.log)[1])
+                    elif rc == 0 and self._restores_at_world_1(job):
+                        progress.update(task, description=f"{job.name:<18} (restoring at world size 1)")
+                        at_own_world = self.store.strategy(job.strategy_id)["checkpoint_detail"]
+                        rc_world_1 = self._launch(job, "verify", progress, None, nproc=1)
+                        if rc_world_1 != 0:
+                            self.store.set_checkpoint_result(
+                                job.strategy_id, False, f"{at_own_world} | restore at world size 1 failed: "
+                                f"{self._exit_reason(rc_world_1, job.log)[1]}")
                 self.store.set_strategy_status(job.strategy_id, "done")
         finally:
             self._clean(job)
@@ -130,8 +138,15 @@ class Runner:
         if row["reason"]:
             self.console.print(f"  {job.name}: {row['reason']} (log: {job.log})")
 
-    def _launch(self, job: StrategyJob, mode: str, progress: Progress, task) -> int:
-        cmd = [sys.executable, "-m", "torch.distributed.run", *self.launch.torchrun_args(self.spec.nproc),
+    def _restores_at_world_1(self, job: StrategyJob) -> bool:
+        """FSDP2's DCP checkpoints reshard on load; DeepSpeed's need its universal-checkpoint conversion
+        first, which offloadlab does not run. One host only: the check runs where rank 0 saved."""
+        strategy = self.spec.get_strategy(job.name)
+        return self.spec.nproc > 1 and self.launch.nnodes == 1 and isinstance(strategy, FSDP2Strategy)
+
+    def _launch(self, job: StrategyJob, mode: str, progress: Progress, task, nproc: int | None = None) -> int:
+        launch = self.launch if nproc is None else Launch()
+        cmd = [sys.executable, "-m", "torch.distributed.run", *launch.torchrun_args(nproc or self.spec.nproc),
                "-m", "offloadlab.worker", "--run-dir", str(self.run_dir), "--strategy", job.name, "--mode", mode]
         if job.nvme_dir is not None:
             cmd += ["--nvme-dir", str(job.nvme_dir)]

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -82,8 +82,13 @@ class FSDP2Engine(Engine):
         return int(json.loads((folder / PROGRESS_FILE).read_text())["step"])
 
     def state_digest(self, scratch: Path, saved: Path | None) -> dict[str, str]:
-        # Each rank digests its own shards of the live state; the caller gathers ranks.
-        return digest_tree(self._state(), f"rank{self.ctx.rank}", {})
+        # The full (unsharded) state, gathered to rank 0's CPU: the same digests at any world size, so a
+        # checkpoint saved by N ranks can be checked when restored by M (DCP reshards on load).
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=options)
+        if self.ctx.rank != 0:
+            return {}
+        return digest_tree({"model": model_state, "optim": optim_state}, "full", {})
 
 
 def build_fsdp2(spec: RunSpec, strategy: FSDP2Strategy, ctx: DistContext) -> FSDP2Engine:
