@@ -207,21 +207,32 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
 @click.option("--tuned", "tuned_dir", type=click.Path(path_type=Path), help="An `offloadlab tune` output folder to take NVMe speeds (and aio settings) from.")
 @click.option("--write", "write_dir", type=click.Path(path_type=Path), help="Write the winner (or --strategy) as a run spec, DeepSpeed JSON and Accelerate config here.")
 @click.option("--strategy", "chosen", help="With --write: the placement to write instead of the winner.")
+@click.option("--largest", is_flag=True, help="Find the largest GPT some placement fits on this machine, and plan it.")
 @click.option("--json", "as_json", is_flag=True)
 def plan(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, gpu_mem, host_mem, nvme_path, tflops, pcie,
-         tuned_dir, write_dir, chosen, as_json) -> None:
+         tuned_dir, write_dir, chosen, largest, as_json) -> None:
     """Predict memory and a step-time bound for every placement on this machine, rank what fits."""
     from offloadlab.plan_output import breakdown_table, plan_table, write_plan
     from offloadlab.plan_inputs import PlanInputs
 
     if as_json:
         _stdout_for_json_only()
+    if largest and (spec_path or preset):
+        _fail("--largest searches the model size itself: give neither SPEC nor --model")
     try:
-        inputs = PlanInputs.gather(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, gpu_mem,
-                                   host_mem, nvme_path, tuned_dir, console, tflops, pcie)
+        inputs = PlanInputs.gather(spec_path, "tiny" if largest else preset, seq_len, micro_batch, grad_accum, precision,
+                                   gpus, gpu_mem, host_mem, nvme_path, tuned_dir, console, tflops, pcie)
     except SpecError as err:
         _fail(str(err))
-    from offloadlab.plan import plan as make_plan, why_winner
+    from offloadlab.plan import largest_model, plan as make_plan, why_winner
+
+    if largest:
+        from offloadlab.model import PRESETS
+
+        found = largest_model(PRESETS, inputs.shape_of, inputs.machine, inputs.links)
+        if found is None:
+            _fail("not even the smallest preset fits this machine")
+        inputs = inputs.with_model(*found)
 
     predictions = make_plan(inputs.shape, inputs.machine, inputs.links, inputs.buffers)
     if as_json:

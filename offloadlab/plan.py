@@ -462,3 +462,35 @@ def why_winner(predictions: list[Prediction]) -> str:
     if faster_unfit:
         text += "; faster but not fitting: " + ", ".join(f"{x.placement.name} ({x.binding})" for x in faster_unfit[:3])
     return text
+
+
+def buffers_for(shape: Shape) -> SwapBuffers:
+    """DeepSpeed's default parameter buffers, each widened to hold the largest parameter."""
+    return SwapBuffers(param_buffer_size=max(SwapBuffers().param_buffer_size, shape.largest_param_numel))
+
+
+def largest_model(presets: dict[str, GPTConfig], shape_of, machine: Machine, links: Links | None) -> tuple[GPTConfig, str] | None:
+    """The largest GPT some placement fits: the biggest preset that fits, then the next preset's width with
+    as many layers as still fit (bisection on n_layers). `shape_of(cfg)` gives a Shape at the run's batch.
+    Returns (config, how it was found), or None when not even the smallest preset fits."""
+
+    def fits(cfg: GPTConfig) -> bool:
+        shape = shape_of(cfg)
+        return any(x.fits for x in plan(shape, machine, links, buffers_for(shape)))
+
+    ordered = sorted(presets.items(), key=lambda kv: kv[1].n_params)
+    fitting = [(name, cfg) for name, cfg in ordered if fits(cfg)]
+    if not fitting:
+        return None
+    name, best = fitting[-1]
+    found = f"preset {name}"
+    bigger = [cfg for _, cfg in ordered if cfg.n_params > best.n_params]
+    if bigger:
+        wider = bigger[0]
+        low, high = 0, wider.n_layers  # fits(low layers) holds or low = 0; fits(high) does not
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if fits(replace(wider, n_layers=mid)) else (low, mid)
+        if low and replace(wider, n_layers=low).n_params > best.n_params:
+            best, found = replace(wider, n_layers=low), f"{[n for n, c in ordered if c is wider][0]}'s width with {low} of its {wider.n_layers} layers"
+    return best, found

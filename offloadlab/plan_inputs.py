@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from offloadlab import links as measure
-from offloadlab.model import gpt_config
-from offloadlab.plan import GiB, Links, Machine, Prediction, Shape, SwapBuffers
-from offloadlab.spec import DeepSpeedStrategy, RunSpec, SpecError, load_spec, parse_spec
+from offloadlab.model import GPTConfig, gpt_config
+from offloadlab.plan import GiB, Links, Machine, Prediction, Shape, SwapBuffers, buffers_for
+from offloadlab.spec import DeepSpeedStrategy, ModelSpec, RunSpec, SpecError, load_spec, parse_spec
 from offloadlab.store import DB_NAME
 
 
@@ -80,8 +80,7 @@ class PlanInputs:
         if pcie_gbps:
             links = replace(links, pcie_h2d=pcie_gbps * 1e9, pcie_d2h=pcie_gbps * 1e9)
         nvme = next((s for s in spec.strategy if isinstance(s, DeepSpeedStrategy) and s.offload_param == "nvme"), None)
-        buffers = SwapBuffers(nvme.buffer_count, nvme.buffer_size, nvme.optimizer_buffer_count) if nvme else SwapBuffers(
-            param_buffer_size=max(SwapBuffers().param_buffer_size, shape.largest_param_numel))
+        buffers = SwapBuffers(nvme.buffer_count, nvme.buffer_size, nvme.optimizer_buffer_count) if nvme else buffers_for(shape)
         fragment = tuned_dir / "tuned.toml" if tuned_dir and (tuned_dir / "tuned.toml").is_file() else None
         title = f"{spec.model.preset or 'custom'} ({shape.n_params / 1e9:.2f}B params), seq {spec.seq_len}, " \
                 f"micro-batch {spec.micro_batch} x {spec.grad_accum}, {spec.precision}, {machine.gpus} rank(s)"
@@ -109,6 +108,19 @@ class PlanInputs:
                 torch_cpu_adam_params_per_s=measure.measure_adam_params_per_s(deepspeed_cpu_adam=False),
                 flops_per_s=measure.measure_matmul_flops(precision), flops_source="dense matmul measured now",
             )
+
+    def with_model(self, cfg: GPTConfig, what: str) -> "PlanInputs":
+        """The same machine, links and batch for another GPT shape, as an explicit model in the spec."""
+        model = dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, vocab_size=cfg.vocab_size)
+        spec = self.spec.model_copy(update={"model": ModelSpec(**model), "name": f"largest-{cfg.n_params / 1e9:.1f}b"})
+        shape = self.shape_of(cfg)
+        title = f"{what} ({shape.n_params / 1e9:.2f}B params, d {cfg.d_model} x {cfg.n_layers} layers), " \
+                + self.title.split("), ", 1)[1]
+        return replace(self, spec=spec, shape=shape, buffers=buffers_for(shape), title=title)
+
+    def shape_of(self, cfg: GPTConfig) -> Shape:
+        s = self.spec
+        return Shape.of(cfg, s.seq_len, s.micro_batch, s.grad_accum, s.precision)
 
     def machine_table(self) -> Table:
         m, link = self.machine, self.links

@@ -168,3 +168,22 @@ def test_predicted_nvme_bytes_per_step_hold_on_a_real_zero_infinity_run(tmp_path
             assert row[f"{key}_measured"] == pytest.approx(row[f"{key}_predicted"], rel=0.05), (row["strategy"], key)
     # A 4 MiB aio block leaves the 1 MiB gradients in RAM: less traffic, and the planner knows it.
     assert rows["z3-nvme-4m-blocks"]["nvme_read_predicted"] < rows["z3-nvme"]["nvme_read_predicted"]
+
+
+def test_plan_largest_finds_the_biggest_gpt_that_fits_and_one_more_layer_does_not(tmp_path):
+    from offloadlab.model import GPTConfig
+    from offloadlab.plan import Links, Machine, Shape, buffers_for, plan
+
+    proc = cli("plan", "--largest", "--gpus", "1", "--gpu-mem", "24", "--host-mem", "64", "--nvme", str(tmp_path),
+               "--tflops", "100", "--pcie", "25", "--json")
+    result = json.loads(proc.stdout)
+    shape, machine, links = result["shape"], Machine(**result["machine"]), Links(**result["links"])
+    assert any(p["fits"] for p in result["predictions"])
+
+    def fits(n_layers: int) -> bool:
+        cfg = GPTConfig(d_model=shape["d_model"], n_layers=n_layers, n_heads=8, vocab_size=shape["vocab_size"])
+        s = Shape.of(cfg, shape["seq_len"], shape["micro_batch"], shape["grad_accum"], "bf16")
+        return any(x.fits for x in plan(s, machine, links, buffers_for(s)))
+
+    assert fits(shape["n_layers"]) and not fits(shape["n_layers"] + 1)
+    assert sum(shape["param_numels"]) > 1e9  # 24 GiB of GPU and 64 GiB of RAM train more than the 760M preset
