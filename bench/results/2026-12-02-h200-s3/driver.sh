@@ -2,6 +2,8 @@
 # What ran on the H200 (one GPU) for issues 4 and 7, from the checkout's root, after
 # `source .device/setup.sh` (which exports W, a folder on the machine's disk where O_DIRECT works).
 # Usage: bash bench/results/2026-12-02-h200-s3/driver.sh RESULTS_DIR
+# (When it ran, telemetry_overhead.py measured the sampler thread; it now measures the side process, and
+# the thread with --thread.)
 set -u
 R=$1; mkdir -p "$R"
 # DeepSpeed's ops JIT-build on first use; both at once, before anything is timed.
