@@ -2,9 +2,11 @@
 strategy trains, on the same clock (time.time) as step and phase events.
 
 `Sampler` is the sampling loop on a background thread; `SamplerProcess` runs it in a process of its own,
-which is how `offloadlab run` uses it. A thread in the training process shares its GIL: psutil, /proc
-reads and SQLite inserts are Python, and on an H200 they slowed a launch-bound FSDP2 step by ~7%
-(bench/results/2026-12-02-h200-s3). NVML's PCIe throughput getter blocks ~20 ms per call wherever it runs.
+which is how `offloadlab run` uses it. A thread in the training process shares its GIL (psutil, /proc
+reads and SQLite inserts are Python) with a training loop that is often launch-bound. On an H200
+(bench/results/2026-12-02-h200-s3, launch-bound FSDP2 step, ±6% from block to block) the thread cost
++7.0% over 10 sampled blocks and the side process +0.3% over 15. NVML's PCIe throughput getter blocks
+~20 ms per call wherever it runs.
 Each NVML getter is read on its own: a field the GPU does not support is recorded as absent, never the
 whole sample.
 
