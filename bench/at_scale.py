@@ -1,6 +1,6 @@
 """Issue 7: the side-by-side comparison at scale, run through offloadlab's own CLI as a user would.
 
-    python bench/at_scale.py SPEC --nvme DIR --results FOLDER [--run-dir DIR] [--full-tune]
+    python bench/at_scale.py SPEC --nvme DIR --results FOLDER [--run-dir DIR] [--full-tune] [--only NAME ...]
 
 1. `offloadlab tune --nvme DIR --quick --spec SPEC --json`: the aio settings, the drive's measured read and
    write ceilings (best of every point and the plain O_DIRECT baseline) and the pinned PCIe copy rates.
@@ -12,7 +12,8 @@
    the slowest link's time, the ratio is step / floor.
 5. bench/plan_accuracy's predicted vs measured table for the same run.
 Everything printed goes to FOLDER/at_scale.md with the commands; the store, logs and report are copied there.
-The run directory (checkpoints, GBs at scale) belongs on the big drive: --run-dir.
+The run directory (checkpoints, GBs at scale) belongs on the big drive: --run-dir. --only runs some of the
+strategies (twins included by name, e.g. zero3-nvme zero3-nvme-tuned), to split a long comparison.
 """
 
 from __future__ import annotations
@@ -50,15 +51,27 @@ def offloadlab(*args: str, capture: bool = False) -> str:
     return proc.stdout if capture else ""
 
 
-def with_tuned_twins(spec_path: Path, fragment: Path, nvme: Path, out: Path) -> Path:
-    raw = tomllib.loads(spec_path.read_text())
-    raw["nvme_path"] = str(nvme)
+def strategies_with_twins(spec_path: Path, fragment: Path | None, only: list[str] | None) -> list[dict]:
+    """The spec's strategy tables, each NVMe one followed by its `-tuned` twin, filtered by --only."""
     strategies = []
-    for s in raw["strategy"]:
+    for s in tomllib.loads(spec_path.read_text())["strategy"]:
         strategies.append(s)
         if "nvme" in (s.get("offload_optimizer"), s.get("offload_param")):
-            strategies.append({**s, "name": f"{s['name']}-tuned", "tuned": str(fragment.resolve())})
-    raw["strategy"] = strategies
+            twin = {**s, "name": f"{s['name']}-tuned"}
+            strategies.append(twin | ({"tuned": str(fragment.resolve())} if fragment else {}))
+    if not only:
+        return strategies
+    unknown = set(only) - {s["name"] for s in strategies}
+    if unknown:
+        raise SystemExit(f"--only: no strategy named {', '.join(sorted(unknown))}; "
+                         f"there are {', '.join(s['name'] for s in strategies)}")
+    return [s for s in strategies if s["name"] in only]
+
+
+def with_tuned_twins(spec_path: Path, fragment: Path, nvme: Path, out: Path, only: list[str] | None) -> Path:
+    raw = tomllib.loads(spec_path.read_text())
+    raw["nvme_path"] = str(nvme)
+    raw["strategy"] = strategies_with_twins(spec_path, fragment, only)
     out.write_text(tomli_w.dumps(raw))
     return out
 
@@ -114,18 +127,20 @@ def main() -> None:
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, help="Default: RESULTS/run-dir")
     parser.add_argument("--full-tune", action="store_true", help="The full sweep instead of --quick")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="Run only these strategies (twins by their -tuned name)")
     args = parser.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)
     run_dir = args.run_dir or args.results / "run-dir"
     work = args.results / "work"
     work.mkdir(exist_ok=True)
     started = time.time()
+    strategies_with_twins(args.spec, None, args.only)  # a misspelt --only fails before the tune
     tune = json.loads(offloadlab("tune", "--nvme", str(args.nvme), *([] if args.full_tune else ["--quick"]), "--spec",
                                  str(args.spec), "--out", str(work / "tune"), "--json", capture=True))
     (args.results / "tune.json").write_text(json.dumps(tune, indent=2))
     console.print(f"tune: best {tune['best']} read {tune['read_gbps']:.2f} / write {tune['write_gbps']:.2f} GB/s in "
                   f"{tune['seconds']:.0f} s; PCIe {tune['pcie']}")
-    spec = with_tuned_twins(args.spec, Path(tune["fragment"]), args.nvme, work / "spec.toml")
+    spec = with_tuned_twins(args.spec, Path(tune["fragment"]), args.nvme, work / "spec.toml", args.only)
     try:
         offloadlab("run", str(spec), "--out", str(run_dir))
         console.print(offloadlab("compare", str(run_dir), capture=True), markup=False, highlight=False)
