@@ -350,3 +350,22 @@ def test_the_reader_works_without_textual(fixed_root):
     assert view.current.name == "fsdp2" and view.current.eta_s == pytest.approx(5 * 0.7)  # median 0.7 s x 5 left
     assert view.strategies[1].summary.reason.startswith("host RAM exhausted")
     assert json.dumps([e.name for e in find_runs(fixed_root)]) == '["demo", "tune"]'
+
+
+def test_a_run_folder_removed_while_the_runs_are_listed_is_skipped(tmp_path, monkeypatch):
+    """Seen in CI: a stopped tune deletes its folder between find_runs' listing and its read."""
+    import shutil
+
+    from tui import reader
+
+    vanishing = tmp_path / "tune-1"
+    vanishing.mkdir()
+    (vanishing / DB_NAME).write_bytes(b"half-written")
+    real_read = reader._read
+
+    def read_after_removal(run_dir, read):
+        shutil.rmtree(run_dir)
+        return real_read(run_dir, read)
+
+    monkeypatch.setattr(reader, "_read", read_after_removal)
+    assert find_runs(tmp_path) == []

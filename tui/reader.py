@@ -176,7 +176,7 @@ def read_tune(run_dir: Path) -> TuneView:
     return _read(run_dir, read)
 
 
-def _entry(run_dir: Path) -> RunEntry:
+def _entry(run_dir: Path) -> RunEntry | None:
     def read(store: RunStore) -> RunEntry:
         run = store.run()
         strategies = store.strategies(run["id"])
@@ -187,7 +187,10 @@ def _entry(run_dir: Path) -> RunEntry:
     try:
         return _read(run_dir, read)
     except ReaderError as err:
-        return RunEntry(run_dir, run_dir.name, "?", f"unreadable: {err}", run_dir.stat().st_mtime, 0, 0)
+        try:
+            return RunEntry(run_dir, run_dir.name, "?", f"unreadable: {err}", run_dir.stat().st_mtime, 0, 0)
+        except FileNotFoundError:
+            return None  # removed while being listed (a stopped tune deletes its folder): not a run any more
 
 
 def find_runs(root: Path) -> list[RunEntry]:
@@ -196,7 +199,7 @@ def find_runs(root: Path) -> list[RunEntry]:
     if not root.is_dir():
         return []
     candidates = [root, *sorted(p for p in root.iterdir() if p.is_dir())]
-    entries = [_entry(p) for p in candidates if (p / DB_NAME).is_file()]
+    entries = [e for e in (_entry(p) for p in candidates if (p / DB_NAME).is_file()) if e is not None]
     return sorted(entries, key=lambda e: e.created_at, reverse=True)
 
 
