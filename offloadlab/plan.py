@@ -484,13 +484,13 @@ def largest_model(presets: dict[str, GPTConfig], shape_of, machine: Machine, lin
         return None
     name, best = fitting[-1]
     found = f"preset {name}"
-    bigger = [cfg for _, cfg in ordered if cfg.n_params > best.n_params]
+    bigger = [(n, cfg) for n, cfg in ordered if cfg.n_params > best.n_params]
     if bigger:
-        wider = bigger[0]
+        wider_name, wider = bigger[0]
         low, high = 0, wider.n_layers  # fits(low layers) holds or low = 0; fits(high) does not
         while high - low > 1:
             mid = (low + high) // 2
             low, high = (mid, high) if fits(replace(wider, n_layers=mid)) else (low, mid)
         if low and replace(wider, n_layers=low).n_params > best.n_params:
-            best, found = replace(wider, n_layers=low), f"{[n for n, c in ordered if c is wider][0]}'s width with {low} of its {wider.n_layers} layers"
+            best, found = replace(wider, n_layers=low), f"{wider_name}'s width with {low} of its {wider.n_layers} layers"
     return best, found

@@ -25,6 +25,10 @@ def _newest_tune(root: Path = Path("runs")) -> Path | None:
     return next((p for p in reversed(tunes) if measure.nvme_from_tune_store(p)), None)
 
 
+def _shape(spec: RunSpec, cfg: GPTConfig) -> Shape:
+    return Shape.of(cfg, spec.seq_len, spec.micro_batch, spec.grad_accum, spec.precision)
+
+
 def detect_machine(gpus: int | None, gpu_mem_gib: float | None, host_mem_gib: float | None,
                    nvme_path: Path | None) -> Machine:
     import torch
@@ -51,7 +55,8 @@ class PlanInputs:
     links: Links
     buffers: SwapBuffers
     tuned_fragment: Path | None
-    title: str
+    model_label: str
+    """How the model is named in the title: its preset, or how `plan --largest` found it."""
 
     @classmethod
     def gather(cls, spec_path: Path | None, preset: str | None, seq_len: int, micro_batch: int, grad_accum: int,
@@ -71,7 +76,7 @@ class PlanInputs:
             raise SpecError("plan predicts GPT presets and shapes (model.preset or d_model/n_layers/...); "
                             "for an hf_config model, give the matching GPT shape")
         nvme_path = nvme_path or (spec.nvme_path if spec_path is not None else None)
-        shape = Shape.of(gpt_config(spec.model, spec.seq_len), spec.seq_len, spec.micro_batch, spec.grad_accum, spec.precision)
+        shape = _shape(spec, gpt_config(spec.model, spec.seq_len))
         machine = detect_machine(gpus or (spec.nproc if spec_path else None), gpu_mem_gib, host_mem_gib, nvme_path)
         tuned_dir = tuned_dir or _newest_tune()
         links = cls._links(spec.precision, nvme_path, tuned_dir, console)
@@ -82,9 +87,7 @@ class PlanInputs:
         nvme = next((s for s in spec.strategy if isinstance(s, DeepSpeedStrategy) and s.offload_param == "nvme"), None)
         buffers = SwapBuffers(nvme.buffer_count, nvme.buffer_size, nvme.optimizer_buffer_count) if nvme else buffers_for(shape)
         fragment = tuned_dir / "tuned.toml" if tuned_dir and (tuned_dir / "tuned.toml").is_file() else None
-        title = f"{spec.model.preset or 'custom'} ({shape.n_params / 1e9:.2f}B params), seq {spec.seq_len}, " \
-                f"micro-batch {spec.micro_batch} x {spec.grad_accum}, {spec.precision}, {machine.gpus} rank(s)"
-        return cls(spec, shape, machine, links, buffers, fragment, title)
+        return cls(spec, shape, machine, links, buffers, fragment, spec.model.preset or "custom")
 
     @classmethod
     def for_spec(cls, spec_path: Path, console: Console, tuned_dir: Path | None = None) -> "PlanInputs":
@@ -114,13 +117,17 @@ class PlanInputs:
         model = dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, vocab_size=cfg.vocab_size)
         spec = self.spec.model_copy(update={"model": ModelSpec(**model), "name": f"largest-{cfg.n_params / 1e9:.1f}b"})
         shape = self.shape_of(cfg)
-        title = f"{what} ({shape.n_params / 1e9:.2f}B params, d {cfg.d_model} x {cfg.n_layers} layers), " \
-                + self.title.split("), ", 1)[1]
-        return replace(self, spec=spec, shape=shape, buffers=buffers_for(shape), title=title)
+        label = f"{what}, d {cfg.d_model} x {cfg.n_layers} layers"
+        return replace(self, spec=spec, shape=shape, buffers=buffers_for(shape), model_label=label)
 
     def shape_of(self, cfg: GPTConfig) -> Shape:
+        return _shape(self.spec, cfg)
+
+    @property
+    def title(self) -> str:
         s = self.spec
-        return Shape.of(cfg, s.seq_len, s.micro_batch, s.grad_accum, s.precision)
+        return f"{self.model_label} ({self.shape.n_params / 1e9:.2f}B params), seq {s.seq_len}, " \
+               f"micro-batch {s.micro_batch} x {s.grad_accum}, {s.precision}, {self.machine.gpus} rank(s)"
 
     def machine_table(self) -> Table:
         m, link = self.machine, self.links

@@ -87,12 +87,18 @@ class _DiskState:
 
 
 class Sampler:
-    """Start it around training (`with Sampler(...)`); it flushes samples to the store in batches."""
+    """Start it around training (`with Sampler(...)`); it flushes samples to the store in batches.
+
+    in_side_process: this process only samples (`SamplerProcess`'s child): its own RSS is not the
+    training's, and there is no step I/O here to keep the store's writes out of.
+    """
 
     def __init__(self, run_dir: Path, strategy_id: int, hz: float = 10.0, nvme_path: Path | None = None,
-                 root_pid: int | None = None, gpu_reader: GpuReader | None | str = "nvml", flush_every_s: float = 1.0):
+                 root_pid: int | None = None, gpu_reader: GpuReader | None | str = "nvml", flush_every_s: float = 1.0,
+                 in_side_process: bool = False):
         self.run_dir, self.strategy_id, self.period = run_dir, strategy_id, 1.0 / hz
         self.root = psutil.Process(root_pid or os.getpid())
+        self.in_side_process = in_side_process
         self.flush_every_s = flush_every_s
         self.notes: list[str] = []
         if gpu_reader == "nvml":
@@ -124,8 +130,8 @@ class Sampler:
         self._thread.join()
 
     def _loop(self) -> None:
-        if "torch" in sys.modules:  # inside a training process: keep the store's writes out of its step I/O
-            from offloadlab.metrics import exclude_this_thread_from_io
+        if not self.in_side_process:  # the store's writes are not the training process's step I/O
+            from offloadlab.metrics import exclude_this_thread_from_io  # imports torch: not in the side process
 
             exclude_this_thread_from_io()
         store = RunStore(self.run_dir)
@@ -157,8 +163,8 @@ class Sampler:
     def _host(self, t: float) -> list[tuple]:
         rss = 0
         for proc in [self.root, *self.root.children(recursive=True)]:
-            if proc.pid == os.getpid() != self.root.pid:
-                continue  # a side-process sampler is not part of what trains
+            if self.in_side_process and proc.pid == os.getpid():
+                continue
             try:
                 rss += proc.memory_info().rss
             except psutil.Error:
@@ -229,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     # Ctrl-C reaches the whole job; the sampler stops when its parent does, through stdin.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # leaves the `with`: the sampler flushes
-    with Sampler(args.run_dir, args.strategy_id, hz=args.hz, nvme_path=args.nvme_path, root_pid=args.root_pid):
+    with Sampler(args.run_dir, args.strategy_id, hz=args.hz, nvme_path=args.nvme_path, root_pid=args.root_pid,
+                 in_side_process=True):
         print(READY, flush=True)
         sys.stdin.read()
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import os
 import json
+import os
 import sys
 import time
 import tomllib
