@@ -9,9 +9,13 @@ Model states follow the ZeRO paper's accounting, in the precisions the two engin
 - FSDP2: fp32 sharded parameters and gradients (reduce in fp32) and Adam m, v on the shard: 16 bytes a
   parameter / N, plus the 16-bit copy of the block being gathered (MixedPrecisionPolicy).
 `tests/test_plan.py` checks these against DeepSpeed's `estimate_zero2/zero3_model_states_mem_needs`.
+DeepSpeed's GPU also holds its gradient reduce buckets (1 GB for ZeRO-3 in bf16, 2 GB for ZeRO-1/2), which
+its estimators leave out.
 
-Activations per block and token (16-bit, flash/efficient attention, so no seq^2 term): the block's
-saved inputs of LayerNorms, QKV, attention out, the MLP's two matmuls and GELU: 16 elements x d_model.
+Activations per block and token (16-bit, flash/efficient attention, so no seq^2 term), what autograd
+saves in `model.Block`: the two LayerNorms' inputs and the QKV input (d each), the QKV output that attention
+keeps as q, k, v (3d), attention's output and the contiguous copy the projection takes (d + d), the first
+MLP matmul's input (d), the GELU's input and the second matmul's input (4d + 4d): 17 elements x d_model.
 With activation checkpointing only the block's input is kept, plus one block's worth while recomputing.
 The loss adds the logits (16-bit) and their fp32 copy and gradient, per micro-batch.
 """
@@ -29,8 +33,13 @@ GiB = 1 << 30
 # a tiny CPU run's whole RSS is 340-420 MiB.
 HOST_BASELINE_BYTES = 512 << 20
 # DeepSpeed's NVMe optimizer swapper keeps this many fp32 sub-group buffers pinned (optimizer_buffer_count
-# in the config is their number); their size is the largest sub-group, capped at sub_group_size.
+# in the config is their number); their size is the largest sub-group (see deepspeed_sub_groups).
 DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000
+# DeepSpeed's default reduce_bucket_size (offloadlab leaves it alone), in elements of the model's dtype.
+DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
+# The share of a GPU's memory a plan may fill with what it predicts: the rest is left to the CUDA context
+# and the caching allocator's fragmentation (reserved ran 5-60% above allocated in the H200 runs).
+GPU_USABLE_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,8 @@ class Placement:
     ratio: float = 1.0
     """DeepSpeed's partial optimizer offload: the share of optimizer states on the CPU."""
     activation_checkpointing: bool = False
+    stage3_max_live_parameters: int = 1_000_000_000
+    stage3_max_reuse_distance: int = 1_000_000_000
     max_in_cpu: int = 1_000_000_000
     """DeepSpeed keeps up to this many parameter elements (per rank) in pinned CPU memory even with
     offload_param = "nvme"; only the rest is read from NVMe."""
@@ -94,6 +105,8 @@ class Placement:
         if strategy.engine == "deepspeed":
             return cls(strategy.name, "deepspeed", strategy.zero_stage, strategy.offload_optimizer, strategy.offload_param,
                        ratio=strategy.ratio, activation_checkpointing=activation_checkpointing,
+                       stage3_max_live_parameters=strategy.stage3_max_live_parameters,
+                       stage3_max_reuse_distance=strategy.stage3_max_reuse_distance,
                        max_in_cpu=strategy.max_in_cpu, aio_block_size=strategy.aio.block_size)
         return cls(strategy.name, "fsdp2", cpu_offload=strategy.cpu_offload, activation_checkpointing=activation_checkpointing)
 
@@ -183,11 +196,50 @@ def _place_of(device: str) -> str:
     return {"none": "gpu", "cpu": "host_pinned", "nvme": "nvme"}[device]
 
 
+def deepspeed_sub_groups(shape: Shape, world: int) -> list[int]:
+    """A rank's ZeRO-3 sub-groups in elements, as DeepSpeed forms them (stage3._create_fp16_sub_groups):
+    parameter partitions, in the model's order, collected until a group reaches sub_group_size."""
+    partitions = [math.ceil(numel / world) for numel in shape.param_numels]
+    if sum(partitions) <= DEEPSPEED_SUB_GROUP_SIZE:
+        return [sum(partitions)]
+    groups, current = [], 0
+    for numel in partitions:
+        current += numel
+        if current >= DEEPSPEED_SUB_GROUP_SIZE:
+            groups, current = groups + [current], 0
+    return groups + ([current] if current else [])
+
+
+def params_kept_at_turn(p: Placement, shape: Shape) -> float:
+    """Gathered parameter elements ZeRO-3 keeps from the end of forward into backward: a module's
+    parameters are not released when they are used again within stage3_max_reuse_distance elements
+    (partitioned_param_coordinator.__params_to_release), and at most stage3_max_live_parameters are live.
+    They sit on the GPU at the activation peak and are not fetched again for backward. (H200, 1.42B: the
+    NVMe run with both at 2e8 read 0.38 GB = 192M parameters less than two full fetches; the CPU-offload run
+    with the defaults, 1e9, peaked 1.6 GiB above the same prediction without this term.)"""
+    if p.zero_stage != 3:
+        return 0.0
+    return float(min(p.stage3_max_reuse_distance, p.stage3_max_live_parameters, shape.n_params))
+
+
 def params_on_nvme(p: Placement, shape: Shape, world: int) -> float:
-    """Parameter elements DeepSpeed really keeps on NVMe, all ranks: each rank's beyond max_in_cpu."""
+    """Parameter elements DeepSpeed really keeps on NVMe, all ranks.
+
+    DeepSpeed pins a max_in_cpu buffer but gives a sub-group a place in it only if the whole sub-group fits
+    in what is left (stage3._create_fp16_partitions_with_defragmentation). Sub-groups are filled to at least
+    sub_group_size, so with the defaults (both 1e9) a rank with more than 1e9 elements keeps none of them in
+    RAM: a 1.42B GPT puts all its parameters on NVMe (measured on an H200: 25.50 GB written per step,
+    0.004% from this).
+    """
     if p.offload_param != "nvme":
         return 0.0
-    return max(0.0, shape.n_params / world - p.max_in_cpu) * world
+    room = max(1, min(math.ceil(shape.n_params / world), p.max_in_cpu))  # DeepSpeed's empty buffer has 1 element
+    used, on_disk = 0, 0
+    for group in deepspeed_sub_groups(shape, world):
+        if used + group > room:
+            on_disk += group
+        used += group
+    return on_disk * world
 
 
 def deepspeed_model_states(p: Placement, shape: Shape, world: int) -> Memory:
@@ -202,6 +254,7 @@ def deepspeed_model_states(p: Placement, shape: Shape, world: int) -> Memory:
     if p.zero_stage == 3:
         # The layer being gathered: its 16-bit parameters and their gradients (DeepSpeed's largest_layer_memory).
         m.add("gpu", "gathered layer", (b.param + b.grad) * shape.largest_param_numel)
+        m.add("gpu", "parameters kept for reuse", b.param * params_kept_at_turn(p, shape))
     if p.offload_optimizer == "none" and p.zero_stage < 3:
         m.add("gpu", "gradients", b.grad * (n if p.zero_stage == 1 else n / world))
     # ZeRO-3 reduces gradients straight into the optimizer's fp32 partition, and with the optimizer
@@ -225,26 +278,53 @@ def fsdp2_model_states(p: Placement, shape: Shape, world: int) -> Memory:
         m.add("host_pageable", "optimizer states", 8 * n / world)
     else:
         m.add("gpu", "parameters + gradients + optimizer (fp32 shards)", shard)
-    # One block gathered in the compute precision, and its unsharded gradient before reduce-scatter;
-    # the root's embeddings and head stay gathered (reshard_after_forward=False on the root).
+    # One block gathered in the compute precision; the root's embeddings and head stay gathered
+    # (reshard_after_forward=False on the root). The peak is at the forward/backward turn, before any
+    # unsharded gradient exists; a block's appears once its larger activations are freed (H200, 1.42B,
+    # CPUOffloadPolicy: 8.79 GiB measured, 8.77 predicted this way).
     root = 2 * shape.vocab_size * shape.d_model
-    m.add("gpu", "gathered block + root", (shape.param_bytes + 4) * (shape.block_params + root))
+    m.add("gpu", "gathered block + root", shape.param_bytes * (shape.block_params + root))
     return m
 
 
 def activation_bytes(shape: Shape, checkpointing: bool) -> float:
     tokens = shape.seq_len * shape.micro_batch
-    per_block = 16 * tokens * shape.d_model * shape.param_bytes
+    per_block = 17 * tokens * shape.d_model * shape.param_bytes
     blocks = (shape.n_layers * tokens * shape.d_model * shape.param_bytes + per_block) if checkpointing \
         else shape.n_layers * per_block
-    # Logits in the compute precision, their fp32 copy for the loss and its gradient.
-    loss = tokens * shape.vocab_size * (shape.param_bytes + 4 + 4)
-    return blocks + loss
+    return blocks + loss_bytes(shape)
 
 
-def predict_memory(p: Placement, shape: Shape, world: int, buffers: "SwapBuffers | None" = None) -> Memory:
+def loss_bytes(shape: Shape) -> float:
+    """Logits in the compute precision, their fp32 copy for the loss and its gradient."""
+    return shape.seq_len * shape.micro_batch * shape.vocab_size * (shape.param_bytes + 4 + 4)
+
+
+def reduce_bucket_bytes(p: Placement, shape: Shape, on_gpu: bool) -> float:
+    """DeepSpeed's gradient reduce buckets on the device: one of reduce_bucket_size elements for ZeRO-3
+    (stage3's ipg bucket), two for ZeRO-1/2 with overlap_comm (stage_1_and_2.setup_buckets), in the model's
+    dtype. They are allocated whole, whatever the model's size; on a CPU device only the pages gradients pass
+    through are resident."""
+    count = 1 if p.zero_stage == 3 else 2
+    elements = count * DEEPSPEED_REDUCE_BUCKET_SIZE
+    allocated = shape.param_bytes * (elements if on_gpu else min(elements, shape.n_params))
+    if p.zero_stage == 3:
+        return allocated  # allocated at initialize, held throughout
+    # ZeRO-1/2 allocate theirs at the first gradient and free them after the step (_release_ipg_buffers):
+    # in backward, where the loss's logits are already freed, so only what exceeds those adds to the peak.
+    return max(0.0, allocated - loss_bytes(shape))
+
+
+def predict_memory(p: Placement, shape: Shape, world: int, buffers: "SwapBuffers | None" = None,
+                   on_gpu: bool = True) -> Memory:
     m = deepspeed_model_states(p, shape, world) if p.engine == "deepspeed" else fsdp2_model_states(p, shape, world)
     m.add("gpu", "activations", activation_bytes(shape, p.activation_checkpointing))
+    if p.engine == "deepspeed":
+        m.add("gpu", "gradient reduce buckets", reduce_bucket_bytes(p, shape, on_gpu))
+    if p.engine == "deepspeed" and p.zero_stage == 3 and p.offload_optimizer == "nvme":
+        # ZeRO-3 reduces 16-bit gradients into a pinned buffer of the whole partition, which stays in RAM
+        # while the optimizer states are on NVMe (stage3's grad_partitions_flat_buffer).
+        m.add("host_pinned", "gradient partitions (16-bit)", shape.param_bytes * math.ceil(shape.n_params / world))
     # Every rank builds the fp32 model on the CPU first except DeepSpeed ZeRO-3 (zero.Init partitions at
     # construction); that copy is freed once the engine holds the model.
     m.host_build_bytes = 0 if (p.engine == "deepspeed" and p.zero_stage == 3) else 4 * shape.n_params
@@ -252,7 +332,7 @@ def predict_memory(p: Placement, shape: Shape, world: int, buffers: "SwapBuffers
         if p.offload_param == "nvme":
             m.add("host_pinned", "parameter swap buffers", buffers.param_buffer_count * buffers.param_buffer_size * shape.param_bytes)
         if p.offload_optimizer == "nvme":
-            sub_group = min(DEEPSPEED_SUB_GROUP_SIZE, math.ceil(shape.n_params / world))
+            sub_group = max(deepspeed_sub_groups(shape, world))
             m.add("host_pinned", "optimizer swap buffers", buffers.optimizer_buffer_count * sub_group * 4)
     return m
 
@@ -304,10 +384,11 @@ def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
     out = {"nvme_read": 0.0, "nvme_write": 0.0, "pcie_h2d": 0.0, "pcie_d2h": 0.0}
     if p.engine == "deepspeed":
         if p.offload_param != "none":
-            # Each micro-batch fetches every parameter for forward and again for backward.
-            out["pcie_h2d"] += 2 * k * b * n / world
+            # Each micro-batch fetches every parameter for forward and again for backward, but those kept
+            # across the turn.
+            out["pcie_h2d"] += k * b * (2 * n - params_kept_at_turn(p, shape)) / world
             on_nvme = params_on_nvme(p, shape, world)
-            out["nvme_read"] += 2 * k * b * on_nvme
+            out["nvme_read"] += param_nvme_read_bytes(p, shape, world)
             out["nvme_write"] += b * on_nvme  # the updated 16-bit parameters
         if p.offload_optimizer != "none":
             out["pcie_d2h"] += k * b * n / world * p.ratio  # gradients, every micro-batch
@@ -323,17 +404,22 @@ def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
     return out
 
 
+def param_nvme_read_bytes(p: Placement, shape: Shape, world: int) -> float:
+    """Parameters read from NVMe per step, all ranks: for forward and again for backward, every micro-batch,
+    except those kept across the forward/backward turn."""
+    on_nvme = params_on_nvme(p, shape, world)
+    return shape.grad_accum * shape.param_bytes * (2 * on_nvme - min(params_kept_at_turn(p, shape), on_nvme))
+
+
 def optimizer_swap_bytes(p: Placement, shape: Shape, world: int) -> float:
     """Bytes the NVMe optimizer swapper reads (and writes) per step, all ranks.
 
     DeepSpeed swaps a sub-group's fp32 master, m and v as flat tensors, and each parameter's fp32 gradient
     on its own, but only tensors of at least max(1 MiB, aio block_size) (optimizer_utils.is_swappable_tensor):
-    smaller ones stay in memory. With sub_group_size 1e9 a rank's partition is one sub-group until 1e9.
+    smaller ones stay in memory.
     """
     min_bytes = max(1 << 20, p.aio_block_size)
-    partition = shape.n_params / world
-    sub_groups = [DEEPSPEED_SUB_GROUP_SIZE] * int(partition // DEEPSPEED_SUB_GROUP_SIZE) + [partition % DEEPSPEED_SUB_GROUP_SIZE]
-    states = sum(12 * g for g in sub_groups if 4 * g >= min_bytes)
+    states = sum(12 * g for g in deepspeed_sub_groups(shape, world) if 4 * g >= min_bytes)
     grads = sum(4 * numel / world for numel in shape.param_numels if 4 * numel / world >= min_bytes)
     return (states + grads) * world
 
@@ -349,7 +435,7 @@ def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> Ste
     if links.pcie_h2d:
         parts["pcie_h2d"] = moved["pcie_h2d"] / links.pcie_h2d
         parts["pcie_d2h"] = moved["pcie_d2h"] / links.pcie_d2h
-    param_nvme = 2 * shape.grad_accum * shape.param_bytes * params_on_nvme(p, shape, world)
+    param_nvme = param_nvme_read_bytes(p, shape, world)
     if p.uses_nvme:
         if links.nvme_read is None:
             raise ValueError("an NVMe placement needs measured NVMe bandwidth")
@@ -386,7 +472,7 @@ def _constraints(m: Memory, machine: Machine, world: int) -> dict[str, tuple[flo
     """name -> (needed, available), per host."""
     out = {"host RAM": (m.host_bytes * world, machine.host_mem_bytes)}
     if machine.gpu_mem_bytes is not None:
-        out["GPU memory"] = (m.gpu_bytes, machine.gpu_mem_bytes)
+        out["GPU memory"] = (m.gpu_bytes, GPU_USABLE_SHARE * machine.gpu_mem_bytes)
     else:
         # No GPU: "device" memory is host RAM too.
         out["host RAM"] = ((m.host_bytes + m.gpu_bytes) * world, machine.host_mem_bytes)
@@ -397,13 +483,15 @@ def _constraints(m: Memory, machine: Machine, world: int) -> dict[str, tuple[flo
 
 def predict(p: Placement, shape: Shape, machine: Machine, links: Links | None, buffers: SwapBuffers | None = None) -> Prediction:
     world = max(1, machine.gpus)
-    m = predict_memory(p, shape, world, buffers)
+    m = predict_memory(p, shape, world, buffers, on_gpu=machine.gpu_mem_bytes is not None)
     constraints = _constraints(m, machine, world)
     use = {k: need / have if have else math.inf for k, (need, have) in constraints.items()}
     tightest = max(use, key=use.get)
     fits = use[tightest] <= 1.0
     needed, available = constraints[tightest]
     binding = f"{tightest}: {needed / GiB:.1f} of {available / GiB:.1f} GiB"
+    if tightest == "GPU memory":
+        binding += f" usable ({GPU_USABLE_SHARE:.0%} of {machine.gpu_mem_bytes / GiB:.1f})"
     step = step_time_bound(p, shape, world, links) if links is not None and (links.nvme_read or not p.uses_nvme) else None
     return Prediction(p, m, fits, binding, step)
 
@@ -437,7 +525,7 @@ def _partial_offload(full: Prediction, shape: Shape, machine: Machine, links: Li
         return None
     world = max(1, machine.gpus)
     optimizer_bytes = ModelStateBytes.deepspeed(shape.param_bytes).optimizer * shape.n_params / world
-    spare = 0.9 * machine.gpu_mem_bytes - full.memory.gpu_bytes  # leave 10% for the allocator's fragmentation
+    spare = GPU_USABLE_SHARE * machine.gpu_mem_bytes - full.memory.gpu_bytes
     keep_share = min(1.0, spare / optimizer_bytes) if optimizer_bytes else 0.0
     ratio = math.ceil((1 - keep_share) * 10) / 10
     if ratio >= 1.0 or ratio <= 0.0:

@@ -184,3 +184,11 @@ def test_a_world_2_fsdp2_checkpoint_is_restored_and_verified_at_world_1(world2):
     assert at_world_1.loss == pytest.approx(uninterrupted.loss, rel=1e-4)
     # DeepSpeed's checkpoints need its universal-checkpoint conversion first: checked at world size 2 only.
     assert "world size 1" not in summaries["zero3-nvme"].checkpoint_detail
+
+
+def test_workers_get_exact_pinned_sizes_unless_the_user_set_allocator_options():
+    from offloadlab.runner import PINNED_EXACT_ABOVE, worker_env
+
+    assert worker_env({})["PYTORCH_ALLOC_CONF"] == PINNED_EXACT_ABOVE
+    for key in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        assert worker_env({key: "expandable_segments:True"}).get("PYTORCH_ALLOC_CONF") in (None, "expandable_segments:True")
