@@ -1,11 +1,14 @@
 """The planner's predictions against a real run of the same spec, strategy by strategy.
 
     python bench/plan_accuracy.py SPEC [--out RUN_DIR] [--results FILE.json]
+    python bench/plan_accuracy.py SPEC --store RUN_DIR [--gpus 1 --gpu-mem 139.8 --host-mem 125 --tflops 727.7
+                                   --pcie 55.1] [--tuned DIR]
 
 Runs `offloadlab run SPEC` (real steps, telemetry on), then prints predicted vs measured peak GPU bytes
 (torch.cuda.memory_stats' allocated peak), host RSS peak, NVMe bytes read and written per step (the
 ranks' block-layer I/O) and the step time against the predicted lower bound, each with its ratio.
-Goals (issue 6): GPU memory within +-10%, NVMe bytes within +-5%, step time within 1.5x.
+--store compares a run made before (elsewhere: give the machine it ran on, its matmul and PCIe rates and
+its tune folder for the drive rates; CPU Adam is measured here, so CPU-offload bounds are this CPU's). Goals (issue 6): GPU memory within +-10%, NVMe bytes within +-5%, step time within 1.5x.
 Without a GPU the device is the CPU: GPU bytes are not measured and host RSS is compared with the
 predicted host + device bytes.
 """
@@ -36,16 +39,23 @@ def _ratio(measured: float | None, predicted: float | None) -> float | None:
     return None if not measured or not predicted else measured / predicted
 
 
-def compare(spec_path: Path, run_dir: Path, console: Console, tuned_dir: Path | None = None) -> list[dict]:
+def compare(spec_path: Path, run_dir: Path, console: Console, tuned_dir: Path | None = None,
+            machine: dict | None = None) -> list[dict]:
+    """machine: what the run's machine had (gpus, gpu_mem_gib, host_mem_gib, tflops, pcie_gbps); the rest
+    is this machine's."""
     spec = load_spec(spec_path)
-    inputs = PlanInputs.for_spec(spec_path, console, tuned_dir)
+    m = {"gpus": None, "gpu_mem_gib": None, "host_mem_gib": None, **(machine or {})}
+    inputs = PlanInputs.gather(spec_path, None, 0, 0, 0, "bf16", m.pop("gpus"), m.pop("gpu_mem_gib"), m.pop("host_mem_gib"),
+                               None, tuned_dir, console, **m)
     measured = {s.name: s for s in summarize(RunStore(run_dir))}
     gpu = inputs.machine.gpu_mem_bytes is not None
     rows = []
     for strategy in spec.strategy:
         pred = predict(Placement.from_strategy(strategy, spec.model.activation_checkpointing), inputs.shape, inputs.machine,
                        inputs.links, inputs.buffers)
-        m = measured[strategy.name]
+        m = measured.get(strategy.name)
+        if m is None:
+            continue
         moved = pred.step.bytes_moved if pred.step else {}
         host_predicted = pred.memory.host_bytes + (0 if gpu else pred.memory.gpu_bytes)
         rows.append({
@@ -88,12 +98,22 @@ def main() -> None:
     parser.add_argument("spec", type=Path)
     parser.add_argument("--out", type=Path, help="Run directory (default: a temporary one)")
     parser.add_argument("--results", type=Path)
+    parser.add_argument("--store", type=Path, help="Compare this run directory instead of running the spec")
+    parser.add_argument("--gpus", type=int)
+    parser.add_argument("--gpu-mem", type=float, help="GiB per GPU of the machine the run had")
+    parser.add_argument("--host-mem", type=float)
+    parser.add_argument("--tuned", type=Path, help="Tune folder whose drive rates the step bound uses")
+    parser.add_argument("--tflops", type=float, help="Matmul TFLOP/s of the run's GPU")
+    parser.add_argument("--pcie", type=float, help="Pinned PCIe GB/s of the run's machine")
     args = parser.parse_args()
     console = Console(width=170)
+    machine = {"gpus": args.gpus, "gpu_mem_gib": args.gpu_mem, "host_mem_gib": args.host_mem, "tflops": args.tflops,
+               "pcie_gbps": args.pcie}
     with tempfile.TemporaryDirectory() as scratch:
-        run_dir = args.out or Path(scratch) / "run"
-        subprocess.run([sys.executable, "-m", "offloadlab.cli", "run", str(args.spec), "--out", str(run_dir)], check=True)
-        rows = compare(args.spec, run_dir, console)
+        run_dir = args.store or args.out or Path(scratch) / "run"
+        if args.store is None:
+            subprocess.run([sys.executable, "-m", "offloadlab.cli", "run", str(args.spec), "--out", str(run_dir)], check=True)
+        rows = compare(args.spec, run_dir, console, args.tuned, machine)
     console.print(table(rows, f"plan accuracy: {args.spec}"))
     if args.results:
         args.results.write_text(json.dumps(rows, indent=2))
