@@ -1,7 +1,7 @@
 """What pinning a buffer costs in resident host RAM, with torch's default pinned allocator and with the
 setting `offloadlab run` gives its workers (exact sizes above 64 MiB). Needs a CUDA GPU.
 
-    python bench/pinned_rounding.py [--gib 9.21 ...]
+    python bench/pinned_rounding.py [--bytes N ...]
 
 Default sizes: the 1.42B GPT's ZeRO-3 NVMe run (48 parameter buffers of 103,022,592 bf16 elements, one
 tensor; a 1.01e9-element fp32 optimizer sub-group buffer; the 16-bit gradient partition).

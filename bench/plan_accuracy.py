@@ -8,7 +8,8 @@ Runs `offloadlab run SPEC` (real steps, telemetry on), then prints predicted vs 
 (torch.cuda.memory_stats' allocated peak), host RSS peak, NVMe bytes read and written per step (the
 ranks' block-layer I/O) and the step time against the predicted lower bound, each with its ratio.
 --store compares a run made before (elsewhere: give the machine it ran on, its matmul and PCIe rates and
-its tune folder for the drive rates; CPU Adam is measured here, so CPU-offload bounds are this CPU's). Goals (issue 6): GPU memory within +-10%, NVMe bytes within +-5%, step time within 1.5x.
+its tune folder for the drive rates; CPU Adam is measured here, so CPU-offload bounds are this CPU's).
+Goals (issue 6): GPU memory within +-10%, NVMe bytes within +-5%, step time within 1.5x.
 Without a GPU the device is the CPU: GPU bytes are not measured and host RSS is compared with the
 predicted host + device bytes.
 """
@@ -39,23 +40,20 @@ def _ratio(measured: float | None, predicted: float | None) -> float | None:
     return None if not measured or not predicted else measured / predicted
 
 
-def compare(spec_path: Path, run_dir: Path, console: Console, tuned_dir: Path | None = None,
-            machine: dict | None = None) -> list[dict]:
-    """machine: what the run's machine had (gpus, gpu_mem_gib, host_mem_gib, tflops, pcie_gbps); the rest
-    is this machine's."""
+def compare(spec_path: Path, run_dir: Path, console: Console, tuned_dir: Path | None = None, *, gpus: int | None = None,
+            gpu_mem_gib: float | None = None, host_mem_gib: float | None = None, tflops: float | None = None,
+            pcie_gbps: float | None = None) -> list[dict]:
+    """The machine figures are those the run had, where it ran elsewhere; None: this machine's."""
     spec = load_spec(spec_path)
-    m = {"gpus": None, "gpu_mem_gib": None, "host_mem_gib": None, **(machine or {})}
-    inputs = PlanInputs.gather(spec_path, None, 0, 0, 0, "bf16", m.pop("gpus"), m.pop("gpu_mem_gib"), m.pop("host_mem_gib"),
-                               None, tuned_dir, console, **m)
+    inputs = PlanInputs.gather(spec_path, None, 0, 0, 0, "bf16", gpus, gpu_mem_gib, host_mem_gib, None, tuned_dir, console,
+                               tflops=tflops, pcie_gbps=pcie_gbps)
     measured = {s.name: s for s in summarize(RunStore(run_dir))}
     gpu = inputs.machine.gpu_mem_bytes is not None
     rows = []
     for strategy in spec.strategy:
         pred = predict(Placement.from_strategy(strategy, spec.model.activation_checkpointing), inputs.shape, inputs.machine,
                        inputs.links, inputs.buffers)
-        m = measured.get(strategy.name)
-        if m is None:
-            continue
+        m = measured[strategy.name]
         moved = pred.step.bytes_moved if pred.step else {}
         host_predicted = pred.memory.host_bytes + (0 if gpu else pred.memory.gpu_bytes)
         rows.append({
@@ -107,13 +105,12 @@ def main() -> None:
     parser.add_argument("--pcie", type=float, help="Pinned PCIe GB/s of the run's machine")
     args = parser.parse_args()
     console = Console(width=170)
-    machine = {"gpus": args.gpus, "gpu_mem_gib": args.gpu_mem, "host_mem_gib": args.host_mem, "tflops": args.tflops,
-               "pcie_gbps": args.pcie}
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = args.store or args.out or Path(scratch) / "run"
         if args.store is None:
             subprocess.run([sys.executable, "-m", "offloadlab.cli", "run", str(args.spec), "--out", str(run_dir)], check=True)
-        rows = compare(args.spec, run_dir, console, args.tuned, machine)
+        rows = compare(args.spec, run_dir, console, args.tuned, gpus=args.gpus, gpu_mem_gib=args.gpu_mem,
+                       host_mem_gib=args.host_mem, tflops=args.tflops, pcie_gbps=args.pcie)
     console.print(table(rows, f"plan accuracy: {args.spec}"))
     if args.results:
         args.results.write_text(json.dumps(rows, indent=2))
