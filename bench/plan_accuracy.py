@@ -1,14 +1,15 @@
 """The planner's predictions against a real run of the same spec, strategy by strategy.
 
     python bench/plan_accuracy.py SPEC [--out RUN_DIR] [--results FILE.json]
-    python bench/plan_accuracy.py SPEC --store RUN_DIR [--gpus 1 --gpu-mem 139.8 --host-mem 125 --tflops 727.7
-                                   --pcie 55.1] [--tuned DIR]
+    python bench/plan_accuracy.py SPEC --store RUN_DIR [--gpus 1 --gpu-mem 139.8 --host-mem 125
+                                   --links PLAN.json] [--tuned DIR]
 
 Runs `offloadlab run SPEC` (real steps, telemetry on), then prints predicted vs measured peak GPU bytes
 (torch.cuda.memory_stats' allocated peak), host RSS peak, NVMe bytes read and written per step (the
 ranks' block-layer I/O) and the step time against the predicted lower bound, each with its ratio.
---store compares a run made before (elsewhere: give the machine it ran on, its matmul and PCIe rates and
-its tune folder for the drive rates; CPU Adam is measured here, so CPU-offload bounds are this CPU's).
+--store compares a run made before. For one made elsewhere give the machine it ran on, the links measured
+there (`offloadlab plan SPEC --json` on that machine: PCIe, CPU Adam, host passes, block compute) and its
+tune folder for the drive rates; without --links every link is measured here.
 Goals (issue 6): GPU memory within +-10%, NVMe bytes within +-5%, step time within 1.5x.
 Without a GPU the device is the CPU: GPU bytes are not measured and host RSS is compared with the
 predicted host + device bytes.
@@ -17,6 +18,7 @@ predicted host + device bytes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -27,7 +29,8 @@ from rich.console import Console
 from rich.table import Table
 
 from offloadlab.compare import summarize
-from offloadlab.plan import Placement, predict
+from offloadlab.links import nvme_from_tune_store
+from offloadlab.plan import Links, Placement, predict
 from offloadlab.plan_inputs import PlanInputs
 from offloadlab.spec import load_spec
 from offloadlab.store import RunStore
@@ -36,17 +39,25 @@ GOALS = {"gpu": 0.10, "nvme_read": 0.05, "nvme_write": 0.05}
 STEP_TIME_GOAL = 1.5
 
 
+def load_links(plan_json: Path, tuned_dir: Path | None) -> Links:
+    """The links of another machine's `plan --json`; its drive rates replaced by tuned_dir's, when given."""
+    links = Links(**json.loads(plan_json.read_text())["links"])
+    drive = nvme_from_tune_store(tuned_dir) if tuned_dir else None
+    if drive:
+        links = dataclasses.replace(links, nvme_read=drive[0], nvme_write=drive[1], nvme_source=drive[2])
+    return links
+
+
 def _ratio(measured: float | None, predicted: float | None) -> float | None:
     return None if not measured or not predicted else measured / predicted
 
 
 def compare(spec_path: Path, run_dir: Path, console: Console, tuned_dir: Path | None = None, *, gpus: int | None = None,
-            gpu_mem_gib: float | None = None, host_mem_gib: float | None = None, tflops: float | None = None,
-            pcie_gbps: float | None = None) -> list[dict]:
-    """The machine figures are those the run had, where it ran elsewhere; None: this machine's."""
+            gpu_mem_gib: float | None = None, host_mem_gib: float | None = None, links: Links | None = None) -> list[dict]:
+    """The machine figures and links are those the run had, where it ran elsewhere; None: this machine's."""
     spec = load_spec(spec_path)
     inputs = PlanInputs.gather(spec_path, None, 0, 0, 0, "bf16", gpus, gpu_mem_gib, host_mem_gib, None, tuned_dir, console,
-                               tflops=tflops, pcie_gbps=pcie_gbps)
+                               links=links)
     measured = {s.name: s for s in summarize(RunStore(run_dir))}
     gpu = inputs.machine.gpu_mem_bytes is not None
     rows = []
@@ -101,8 +112,7 @@ def main() -> None:
     parser.add_argument("--gpu-mem", type=float, help="GiB per GPU of the machine the run had")
     parser.add_argument("--host-mem", type=float)
     parser.add_argument("--tuned", type=Path, help="Tune folder whose drive rates the step bound uses")
-    parser.add_argument("--tflops", type=float, help="Matmul TFLOP/s of the run's GPU")
-    parser.add_argument("--pcie", type=float, help="Pinned PCIe GB/s of the run's machine")
+    parser.add_argument("--links", type=Path, help="`offloadlab plan --json` output from the run's machine: its links")
     args = parser.parse_args()
     console = Console(width=170)
     with tempfile.TemporaryDirectory() as scratch:
@@ -110,7 +120,7 @@ def main() -> None:
         if args.store is None:
             subprocess.run([sys.executable, "-m", "offloadlab.cli", "run", str(args.spec), "--out", str(run_dir)], check=True)
         rows = compare(args.spec, run_dir, console, args.tuned, gpus=args.gpus, gpu_mem_gib=args.gpu_mem,
-                       host_mem_gib=args.host_mem, tflops=args.tflops, pcie_gbps=args.pcie)
+                       host_mem_gib=args.host_mem, links=load_links(args.links, args.tuned) if args.links else None)
     console.print(table(rows, f"plan accuracy: {args.spec}"))
     if args.results:
         args.results.write_text(json.dumps(rows, indent=2))

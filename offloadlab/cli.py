@@ -202,7 +202,7 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
 @click.option("--gpu-mem", type=float, help="GiB per GPU; default: detected. 0 means no GPU.")
 @click.option("--host-mem", type=float, help="GiB of RAM to plan with; default: available now.")
 @click.option("--nvme", "nvme_path", type=click.Path(path_type=Path), help="NVMe folder; default: the spec's nvme_path.")
-@click.option("--tflops", type=float, help="Dense TFLOP/s of the GPU planned for; default: a matmul measured now.")
+@click.option("--tflops", type=float, help="Model TFLOP/s a step's forward and backward reach on the GPU planned for; default: one block measured now.")
 @click.option("--pcie", type=float, help="Pinned host<->GPU GB/s of the machine planned for; default: measured now.")
 @click.option("--tuned", "tuned_dir", type=click.Path(path_type=Path), help="An `offloadlab tune` output folder to take NVMe speeds (and aio settings) from.")
 @click.option("--write", "write_dir", type=click.Path(path_type=Path), help="Write the winner (or --strategy) as a run spec, DeepSpeed JSON and Accelerate config here.")

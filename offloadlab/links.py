@@ -1,5 +1,6 @@
-"""Measured speeds of what a training step crosses: PCIe, CPU Adam, dense matmul, and the NVMe drive
-(from `tune`'s stored results, else one quick measurement).
+"""Measured speeds of what a training step crosses: PCIe, CPU Adam and the host-memory passes around it,
+one transformer block's forward and backward, and the NVMe drive (from `tune`'s stored results, else one
+quick measurement).
 
 The planner bounds step times with these; `tune` reports the PCIe copy beside the drive's figures,
 since a swap-in from NVMe ends on the GPU.
@@ -8,10 +9,13 @@ since a swap-in from NVMe ends on the GPU.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+
+from offloadlab.metrics import flops_per_token
+from offloadlab.model import Block, GPTConfig
 
 
 @dataclass(frozen=True)
@@ -66,24 +70,62 @@ def measure_adam_params_per_s(deepspeed_cpu_adam: bool, numel: int = 8 << 20, re
     return numel / best
 
 
-def measure_matmul_flops(precision: str, size: int = 4096, repeats: int = 5) -> float:
-    """Dense matmul FLOP/s on the training device: a ceiling no model step beats."""
-    cuda = torch.cuda.is_available()
-    dtype = torch.bfloat16 if precision == "bf16" and cuda else torch.float32
-    size = size if cuda else 1024
-    a = torch.randn(size, size, dtype=dtype, device="cuda" if cuda else "cpu")
-    b = torch.randn_like(a)
-    a @ b
+def measure_host_passes_params_per_s(numel: int = 32 << 20, repeats: int = 3) -> float:
+    """Parameters per second through the two host-memory passes DeepSpeed's CPU-offloaded step makes
+    beside CPU Adam: gradient clipping scales the fp32 gradient partition in place, and the updated fp32
+    master is copied into the 16-bit parameter buffer (stage_1_and_2.step, stage3.step). FSDP2 with CPU
+    offload makes passes of the same cost (clip_grad_norm_'s norm and scale). Tensors far beyond the caches."""
+    grad, master = torch.ones(numel), torch.ones(numel)
+    half = torch.empty(numel, dtype=torch.bfloat16)
+
+    def passes() -> None:
+        grad.mul_(0.5)
+        half.copy_(master)
+
+    passes()  # first touch of the pages is not the steady rate
     best = float("inf")
     for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
         start = time.perf_counter()
-        a @ b
+        passes()
+        best = min(best, time.perf_counter() - start)
+    return numel / best
+
+
+# A CPU takes seconds for one full-size block; the rate per FLOP holds at this size.
+CPU_BLOCK_MAX_D, CPU_BLOCK_MAX_TOKENS = 1024, 512
+
+
+def measure_block_flops(cfg: GPTConfig, seq_len: int, micro_batch: int, precision: str, repeats: int = 3) -> float:
+    """Model FLOP/s of one transformer block's forward and backward at the run's shape, on the training device.
+
+    A dense matmul overstates what a step reaches (norms, attention, GELU and small kernels run far below
+    it), so compute bounds come from the model's own block.
+    """
+    cuda = torch.cuda.is_available()
+    dtype = torch.bfloat16 if precision == "bf16" and cuda else torch.float32
+    if not cuda:
+        head_dim = cfg.d_model // cfg.n_heads
+        d = min(cfg.d_model, CPU_BLOCK_MAX_D)
+        cfg = replace(cfg, d_model=d, n_heads=max(1, d // head_dim))
+        seq_len = min(seq_len, CPU_BLOCK_MAX_TOKENS)
+        micro_batch = max(1, min(micro_batch, CPU_BLOCK_MAX_TOKENS // seq_len))
+    device = "cuda" if cuda else "cpu"
+    block = Block(cfg).to(device=device, dtype=dtype)
+    x = torch.randn(micro_batch, seq_len, cfg.d_model, device=device, dtype=dtype, requires_grad=True)
+
+    def forward_backward() -> None:
+        block(x).sum().backward()
         if cuda:
             torch.cuda.synchronize()
+
+    forward_backward()  # kernels chosen and memory allocated on the first call
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        forward_backward()
         best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    block_params = sum(p.numel() for p in block.parameters())
+    return flops_per_token(block_params, 1, cfg.d_model, seq_len) * micro_batch * seq_len / best
 
 
 def nvme_from_tune_store(tune_dir: Path) -> tuple[float, float, str] | None:

@@ -365,7 +365,10 @@ class Links:
     pcie_d2h: float | None
     cpu_adam_params_per_s: float
     torch_cpu_adam_params_per_s: float
+    host_passes_params_per_s: float
+    """Clipping's scale of the fp32 gradient and the fp32 -> 16-bit copy, per parameter, on the host."""
     flops_per_s: float
+    """Model FLOP/s the step's forward and backward reach (one block measured), or as given."""
     flops_source: str
 
 
@@ -425,7 +428,8 @@ def optimizer_swap_bytes(p: Placement, shape: Shape, world: int) -> float:
 
 
 def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> StepBound:
-    """Lower bound: compute, PCIe and parameter fetches overlap; the optimizer phase follows backward."""
+    """Lower bound: compute (at the measured block rate), PCIe and parameter fetches overlap; the optimizer
+    phase follows backward: CPU Adam and the host passes around it, or the NVMe swap where that is longer."""
     moved = step_bytes(p, shape, world)
     tokens = shape.seq_len * shape.micro_batch * shape.grad_accum
     flops = flops_per_token(shape.n_params, shape.n_layers, shape.d_model, shape.seq_len) * tokens
@@ -443,16 +447,20 @@ def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> Ste
     overlapped = max(parts.values())
     optimizer_phase = 0.0
     if p.engine == "deepspeed" and p.offload_optimizer != "none":
-        adam = p.ratio * shape.n_params / world / links.cpu_adam_params_per_s
-        parts["cpu_adam"] = adam
+        on_host = p.ratio * shape.n_params / world
+        parts["cpu_adam"] = on_host / links.cpu_adam_params_per_s
+        parts["host_passes"] = on_host / links.host_passes_params_per_s
         swap = 0.0
         if p.offload_optimizer == "nvme":
             opt_read = moved["nvme_read"] - param_nvme
             swap = opt_read / links.nvme_read + moved["nvme_write"] / links.nvme_write
             parts["nvme_optimizer"] = swap
-        optimizer_phase = max(adam, swap)
+        optimizer_phase = max(parts["cpu_adam"] + parts["host_passes"], swap)
     elif p.engine == "fsdp2" and p.cpu_offload:
-        optimizer_phase = parts["cpu_adam"] = shape.n_params / world / links.torch_cpu_adam_params_per_s
+        on_host = shape.n_params / world
+        parts["cpu_adam"] = on_host / links.torch_cpu_adam_params_per_s
+        parts["host_passes"] = on_host / links.host_passes_params_per_s
+        optimizer_phase = parts["cpu_adam"] + parts["host_passes"]
     seconds = overlapped + optimizer_phase
     bottleneck = max(parts, key=parts.get)
     return StepBound(seconds, bottleneck, parts, moved)

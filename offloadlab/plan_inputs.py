@@ -17,6 +17,8 @@ from offloadlab.plan import GiB, Links, Machine, Prediction, Shape, SwapBuffers,
 from offloadlab.spec import DeepSpeedStrategy, ModelSpec, RunSpec, SpecError, load_spec, parse_spec
 from offloadlab.store import DB_NAME
 
+BLOCK_MEASURED = "one block's forward and backward, measured now"
+
 
 def _newest_tune(root: Path = Path("runs")) -> Path | None:
     if not root.is_dir():
@@ -62,7 +64,8 @@ class PlanInputs:
     def gather(cls, spec_path: Path | None, preset: str | None, seq_len: int, micro_batch: int, grad_accum: int,
                precision: str, gpus: int | None, gpu_mem_gib: float | None, host_mem_gib: float | None,
                nvme_path: Path | None, tuned_dir: Path | None, console: Console, tflops: float | None = None,
-               pcie_gbps: float | None = None) -> "PlanInputs":
+               pcie_gbps: float | None = None, links: Links | None = None) -> "PlanInputs":
+        """links: those measured on the machine planned for (`plan --json`'s); None: measured here now."""
         if spec_path is None and preset is None:
             raise SpecError("plan needs a SPEC or --model PRESET")
         if spec_path is not None:
@@ -76,10 +79,11 @@ class PlanInputs:
             raise SpecError("plan predicts GPT presets and shapes (model.preset or d_model/n_layers/...); "
                             "for an hf_config model, give the matching GPT shape")
         nvme_path = nvme_path or (spec.nvme_path if spec_path is not None else None)
-        shape = _shape(spec, gpt_config(spec.model, spec.seq_len))
+        cfg = gpt_config(spec.model, spec.seq_len)
+        shape = _shape(spec, cfg)
         machine = detect_machine(gpus or (spec.nproc if spec_path else None), gpu_mem_gib, host_mem_gib, nvme_path)
         tuned_dir = tuned_dir or _newest_tune()
-        links = cls._links(spec.precision, nvme_path, tuned_dir, console)
+        links = links or cls._links(spec, cfg, nvme_path, tuned_dir, console)
         if tflops:
             links = replace(links, flops_per_s=tflops * 1e12, flops_source="given with --tflops")
         if pcie_gbps:
@@ -96,8 +100,9 @@ class PlanInputs:
         return cls.gather(spec_path, None, 0, 0, 0, "bf16", None, None, None, None, tuned_dir, console)
 
     @staticmethod
-    def _links(precision: str, nvme_path: Path | None, tuned_dir: Path | None, console: Console) -> Links:
-        with console.status("measuring links: PCIe copy, CPU Adam (DeepSpeed op, built on first use), matmul, NVMe"):
+    def _links(spec: RunSpec, cfg: GPTConfig, nvme_path: Path | None, tuned_dir: Path | None, console: Console) -> Links:
+        with console.status("measuring links: PCIe copy, CPU Adam (DeepSpeed op, built on first use), host passes, "
+                            "one block's forward and backward, NVMe"):
             pcie = measure.measure_pinned_copy()
             nvme = measure.nvme_from_tune_store(tuned_dir) if tuned_dir else None
             if nvme is None and nvme_path is not None:
@@ -109,7 +114,9 @@ class PlanInputs:
                 pcie_d2h=pcie.device_to_host_gbps * 1e9 if pcie else None,
                 cpu_adam_params_per_s=measure.measure_adam_params_per_s(deepspeed_cpu_adam=True),
                 torch_cpu_adam_params_per_s=measure.measure_adam_params_per_s(deepspeed_cpu_adam=False),
-                flops_per_s=measure.measure_matmul_flops(precision), flops_source="dense matmul measured now",
+                host_passes_params_per_s=measure.measure_host_passes_params_per_s(),
+                flops_per_s=measure.measure_block_flops(cfg, spec.seq_len, spec.micro_batch, spec.precision),
+                flops_source=BLOCK_MEASURED,
             )
 
     def with_model(self, cfg: GPTConfig, what: str) -> "PlanInputs":
@@ -118,7 +125,11 @@ class PlanInputs:
         spec = self.spec.model_copy(update={"model": ModelSpec(**model), "name": f"largest-{cfg.n_params / 1e9:.1f}b"})
         shape = self.shape_of(cfg)
         label = f"{what}, d {cfg.d_model} x {cfg.n_layers} layers"
-        return replace(self, spec=spec, shape=shape, buffers=buffers_for(shape), model_label=label)
+        links = self.links
+        if links.flops_source == BLOCK_MEASURED:  # the rate depends on the block's width
+            s = self.spec
+            links = replace(links, flops_per_s=measure.measure_block_flops(cfg, s.seq_len, s.micro_batch, s.precision))
+        return replace(self, spec=spec, shape=shape, buffers=buffers_for(shape), model_label=label, links=links)
 
     def shape_of(self, cfg: GPTConfig) -> Shape:
         return _shape(self.spec, cfg)
@@ -145,7 +156,8 @@ class PlanInputs:
                       f"{link.pcie_h2d / 1e9:.1f} / {link.pcie_d2h / 1e9:.1f} GB/s")
         table.add_row("CPU Adam (DeepSpeed / torch)", f"{link.cpu_adam_params_per_s / 1e6:.0f} / "
                       f"{link.torch_cpu_adam_params_per_s / 1e6:.0f} M params/s")
-        table.add_row("dense matmul", f"{link.flops_per_s / 1e12:.2f} TFLOP/s ({link.flops_source})")
+        table.add_row("host passes (clip, fp32 -> 16-bit)", f"{link.host_passes_params_per_s / 1e6:.0f} M params/s")
+        table.add_row("compute", f"{link.flops_per_s / 1e12:.2f} TFLOP/s ({link.flops_source})")
         return table
 
     def as_json(self, predictions: list[Prediction]) -> dict:

@@ -59,7 +59,8 @@ def test_model_states_match_deepspeeds_own_estimates(preset, world):
 
 
 LINKS = Links(nvme_read=2e9, nvme_write=2.5e9, nvme_source="test", pcie_h2d=50e9, pcie_d2h=50e9,
-              cpu_adam_params_per_s=1e9, torch_cpu_adam_params_per_s=2e8, flops_per_s=400e12, flops_source="test")
+              cpu_adam_params_per_s=1e9, torch_cpu_adam_params_per_s=2e8, host_passes_params_per_s=4e9,
+              flops_per_s=400e12, flops_source="test")
 
 
 def test_the_binding_constraint_is_named_and_offload_rescues_a_model_the_gpu_cannot_hold():
