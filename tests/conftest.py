@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -67,6 +68,17 @@ def world2(tmp_path_factory, nvme_root) -> Path:
     spec = write_spec(folder, strategies, nvme_path=str(nvme_root), nproc=2, grad_accum=1)
     cli("run", str(spec), "--out", str(folder / "run"))
     return folder / "run"
+
+
+def interruptible_cli(*args: str) -> subprocess.Popen:
+    """The CLI started as from a terminal, so SIGINT is a Ctrl-C.
+
+    A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt
+    handler: under `bash .ci/run &` the SIGINT tests would see the CLI run to completion.
+    """
+    return subprocess.Popen([sys.executable, "-m", "offloadlab.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_worker(proc: subprocess.Popen, run_dir: Path, timeout: float = 300) -> psutil.Process:

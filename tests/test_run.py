@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, STRATEGIES, cli, wait_for_worker, write_spec
+from conftest import REPO, STRATEGIES, cli, interruptible_cli, wait_for_worker, write_spec
 from offloadlab.compare import summarize
 from offloadlab.store import RunStore
 
@@ -112,8 +112,7 @@ def test_ctrl_c_stops_the_job_and_removes_what_the_run_created(tmp_path, nvme_ro
     strategies = [STRATEGIES[1] | {"name": "interrupted"}]
     spec = write_spec(tmp_path, strategies, steps=2000, nvme_path=str(nvme_root))
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "offloadlab.cli", "run", str(spec), "--out", str(run_dir)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = interruptible_cli("run", str(spec), "--out", str(run_dir))
     worker = wait_for_worker(proc, run_dir)
     assert any(p.name.startswith("offloadlab-run-interrupted") for p in nvme_root.iterdir())
     proc.send_signal(signal.SIGINT)
