@@ -49,6 +49,12 @@ class TuneSettings:
     target_spread: float
     """Stop repeating a point when (max - min) / mean of its scores is below this."""
 
+    def coarse_points(self) -> list["AioPoint"]:
+        # single_submit is on the grid, not left to refinement: on a virtio disk ds_nvme_tune's best point
+        # had it on at qd 128, a region refinement from the best single_submit=False points never reached.
+        return [AioPoint(b, q, t, single, True) for b, q, t, single in itertools.product(
+            self.coarse_block_sizes, self.coarse_queue_depths, self.coarse_threads, (False, True))]
+
     @classmethod
     def for_mode(cls, quick: bool) -> "TuneSettings":
         threads = tuple(t for t in (1, 2, 4, 8) if t <= max(2, os.cpu_count() or 1))
@@ -170,11 +176,7 @@ class Tuner:
         try:
             direct_io = measure_direct_io_baseline(self.work_dir, s.io_size)
             max_threads = max(s.coarse_threads)
-            # single_submit is on the grid, not left to refinement: on a virtio disk ds_nvme_tune's best point
-            # had it on at qd 128, a region refinement from the best single_submit=False points never reached.
-            coarse = [AioPoint(b, q, t, single, True) for b, q, t, single in itertools.product(
-                s.coarse_block_sizes, s.coarse_queue_depths, s.coarse_threads, (False, True))]
-            self._measure_all(bench, coarse + [DEEPSPEED_DEFAULT], "coarse")
+            self._measure_all(bench, s.coarse_points() + [DEEPSPEED_DEFAULT], "coarse")
             for round_no in range(1, s.max_rounds + 1):
                 best_before = self._ranked()[0]
                 candidates = {n for r in self._ranked()[: s.leaders] for n in neighbours(r.point, max_threads)}
@@ -224,5 +226,5 @@ class Tuner:
 
     def _expected_total(self) -> int:
         s = self.settings
-        coarse = 2 * len(s.coarse_block_sizes) * len(s.coarse_queue_depths) * len(s.coarse_threads) + 1
+        coarse = len(s.coarse_points()) + 1
         return max(self.measurements, coarse + 10 * s.leaders * s.max_rounds // 2 + s.leaders * s.min_repeats)

@@ -70,8 +70,8 @@ def world2(tmp_path_factory, nvme_root) -> Path:
     return folder / "run"
 
 
-def interruptible_cli(*args: str) -> subprocess.Popen:
-    """The CLI started as from a terminal, so SIGINT is a Ctrl-C.
+def start_cli(*args: str) -> subprocess.Popen:
+    """The CLI started in the background of a test, as from a terminal, so SIGINT is a Ctrl-C.
 
     A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt
     handler: under `bash .ci/run &` the SIGINT tests would see the CLI run to completion.

@@ -16,7 +16,7 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 from conftest import cli, write_spec
 from offloadlab.model import PRESETS
 from offloadlab.plan import (GiB, Links, Machine, Placement, Shape, deepspeed_model_states, deepspeed_sub_groups, plan,
-                             predict, step_bytes, why_winner)
+                             predict, step_bytes, step_time_bound, why_winner)
 from offloadlab.spec import load_spec
 
 STATES = ("parameters", "gradients", "optimizer states", "gathered layer")
@@ -81,6 +81,18 @@ def test_the_binding_constraint_is_named_and_offload_rescues_a_model_the_gpu_can
     small_disk = Machine(gpus=1, gpu_mem_bytes=24 * GiB, host_mem_bytes=64 * GiB, nvme_free_bytes=10 * GiB)
     nvme = predict(Placement("z3n", "deepspeed", 3, "nvme", "nvme"), shape, small_disk, LINKS)
     assert not nvme.fits and nvme.binding.startswith("NVMe space: ")
+
+
+@pytest.mark.parametrize("placement", [Placement("zero2-cpu", "deepspeed", 2, "cpu"),
+                                       Placement("fsdp2-cpu-offload", "fsdp2", cpu_offload=True)])
+def test_a_cpu_optimizer_step_pays_adam_and_the_host_passes_after_backward(placement):
+    shape = _shape("gpt-1.4b")
+    adam_rate = LINKS.cpu_adam_params_per_s if placement.engine == "deepspeed" else LINKS.torch_cpu_adam_params_per_s
+    bound = step_time_bound(placement, shape, 1, LINKS)
+    assert bound.parts["cpu_adam"] == pytest.approx(shape.n_params / adam_rate)
+    assert bound.parts["host_passes"] == pytest.approx(shape.n_params / LINKS.host_passes_params_per_s)
+    overlapped = max(v for k, v in bound.parts.items() if k not in ("cpu_adam", "host_passes"))
+    assert bound.seconds == pytest.approx(overlapped + bound.parts["cpu_adam"] + bound.parts["host_passes"])
 
 
 def test_nvme_bytes_per_step_follow_what_zero_infinity_swaps():

@@ -6,15 +6,13 @@ import json
 import math
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import REPO, STRATEGIES, cli, interruptible_cli, wait_for_worker, write_spec
+from conftest import STRATEGIES, cli, start_cli, wait_for_worker, write_spec
 from offloadlab.compare import summarize
 from offloadlab.store import RunStore
 
@@ -94,8 +92,7 @@ def test_a_killed_strategy_is_recorded_and_the_others_go_on(tmp_path, nvme_root)
     strategies = [dict(name="victim", engine="fsdp2"), dict(name="survivor", engine="fsdp2")]
     spec = write_spec(tmp_path, strategies, steps=400, verify_checkpoint=False)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "offloadlab.cli", "run", str(spec), "--out", str(run_dir)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start_cli("run", str(spec), "--out", str(run_dir))
     victim = wait_for_worker(proc, run_dir)
     victim.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=600)
@@ -112,7 +109,7 @@ def test_ctrl_c_stops_the_job_and_removes_what_the_run_created(tmp_path, nvme_ro
     strategies = [STRATEGIES[1] | {"name": "interrupted"}]
     spec = write_spec(tmp_path, strategies, steps=2000, nvme_path=str(nvme_root))
     run_dir = tmp_path / "run"
-    proc = interruptible_cli("run", str(spec), "--out", str(run_dir))
+    proc = start_cli("run", str(spec), "--out", str(run_dir))
     worker = wait_for_worker(proc, run_dir)
     assert any(p.name.startswith("offloadlab-run-interrupted") for p in nvme_root.iterdir())
     proc.send_signal(signal.SIGINT)

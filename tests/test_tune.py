@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
 
-from conftest import cli, interruptible_cli, write_spec
+from conftest import cli, start_cli, write_spec
 from offloadlab.aio_bench import DEEPSPEED_DEFAULT, AioPoint, check_io_size
 from offloadlab.engines.deepspeed_engine import deepspeed_config
 from offloadlab.preflight import PreflightError, check_aio_contexts, check_pinned_memory
@@ -105,7 +105,7 @@ def test_an_error_mid_sweep_removes_the_work_folder(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_mid_sweep_removes_the_work_folder(tmp_path, sig):
-    proc = interruptible_cli("tune", "--nvme", str(tmp_path), "--out", str(tmp_path / "out"))
+    proc = start_cli("tune", "--nvme", str(tmp_path), "--out", str(tmp_path / "out"))
     deadline = time.time() + 120
     # Measured points reach the run store while the sweep goes on (the TUI's tune screen follows them).
     while not (list(tmp_path.glob(f"{WORK_PREFIX}*/aio-probe.bin")) and _tune_points_stored(tmp_path / "out")):
