@@ -1,6 +1,7 @@
 """Issue 7: the side-by-side comparison at scale, run through offloadlab's own CLI as a user would.
 
     python bench/at_scale.py SPEC --nvme DIR --results FOLDER [--run-dir DIR] [--full-tune] [--only NAME ...]
+    python bench/at_scale.py SPEC --results FOLDER --from-results   # the tables of a cut-off run
 
 1. `offloadlab tune --nvme DIR --quick --spec SPEC --json`: the aio settings, the drive's measured read and
    write ceilings (best of every point and the plain O_DIRECT baseline) and the pinned PCIe copy rates.
@@ -123,12 +124,20 @@ def copy_results(run_dir: Path, results: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("spec", type=Path)
-    parser.add_argument("--nvme", type=Path, required=True)
+    parser.add_argument("--nvme", type=Path, help="The drive's folder (required unless --from-results)")
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, help="Default: RESULTS/run-dir")
     parser.add_argument("--full-tune", action="store_true", help="The full sweep instead of --quick")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="Run only these strategies (twins by their -tuned name)")
+    parser.add_argument("--from-results", action="store_true",
+                        help="Write at_scale.md and the report from a cut-off run's RESULTS (its store, spec.toml, tune.json, "
+                             "tune/): no tune, no run")
     args = parser.parse_args()
+    if args.from_results:
+        render(args.spec, args.results)
+        return
+    if args.nvme is None:
+        parser.error("--nvme is required to tune and run")
     args.results.mkdir(parents=True, exist_ok=True)
     run_dir = args.run_dir or args.results / "run-dir"
     work = args.results / "work"
@@ -143,18 +152,35 @@ def main() -> None:
     spec = with_tuned_twins(args.spec, Path(tune["fragment"]), args.nvme, work / "spec.toml", args.only)
     try:
         offloadlab("run", str(spec), "--out", str(run_dir))
-        console.print(offloadlab("compare", str(run_dir), capture=True), markup=False, highlight=False)
-        offloadlab("report", str(run_dir))
-        console.print(floors_table(run_dir, tune))
-        console.print(plan_table(plan_rows(spec, run_dir, console, tuned_dir=work / "tune"), f"plan accuracy: {args.spec}"))
+        show_results(spec, run_dir, tune, work / "tune", args.spec)
     finally:
         if (run_dir / DB_NAME).exists():
             copy_results(run_dir, args.results)
-        text = console.export_text()
-        (args.results / "at_scale.md").write_text(
-            f"# {args.spec} at scale ({time.strftime('%Y-%m-%d')}, {time.time() - started:.0f} s)\n\n"
-            f"```\npython bench/at_scale.py {shlex.join(sys.argv[1:])}\n```\n\nCommands it ran:\n\n```\n"
-            + "\n".join(commands) + "\n```\n\nOutput:\n\n```\n" + text + "```\n")
+        write_markdown(args.results, args.spec, started)
+
+
+def show_results(spec: Path, run_dir: Path, tune: dict, tune_dir: Path | None, title: Path) -> None:
+    """compare, report, the floors and (with the tune folder of this machine's run) the plan's accuracy."""
+    console.print(offloadlab("compare", str(run_dir), capture=True), markup=False, highlight=False)
+    offloadlab("report", str(run_dir))
+    console.print(floors_table(run_dir, tune))
+    if tune_dir is not None:
+        console.print(plan_table(plan_rows(spec, run_dir, console, tuned_dir=tune_dir), f"plan accuracy: {title}"))
+
+
+def write_markdown(results: Path, spec: Path, started: float) -> None:
+    (results / "at_scale.md").write_text(
+        f"# {spec} at scale ({time.strftime('%Y-%m-%d')}, {time.time() - started:.0f} s)\n\n"
+        f"```\npython bench/at_scale.py {shlex.join(sys.argv[1:])}\n```\n\nCommands it ran:\n\n```\n"
+        + "\n".join(commands) + "\n```\n\nOutput:\n\n```\n" + console.export_text() + "```\n")
+
+
+def render(spec: Path, results: Path) -> None:
+    """The tables of a run whose at_scale was cut off before it wrote them, but for the plan's accuracy:
+    its links would be this machine's, not the run's (bench/plan_accuracy.py --store --links for that)."""
+    started = time.time()
+    show_results(results / "spec.toml", results, json.loads((results / "tune.json").read_text()), None, spec)
+    write_markdown(results, spec, started)
 
 
 if __name__ == "__main__":

@@ -47,11 +47,37 @@ def measure_pinned_copy(nbytes: int = 256 << 20, repeats: int = 5) -> PcieSpeed 
     return PcieSpeed(host_to_device_gbps=nbytes / h2d / 1e9, device_to_host_gbps=nbytes / d2h / 1e9)
 
 
-def measure_adam_params_per_s(deepspeed_cpu_adam: bool, numel: int = 8 << 20, repeats: int = 3) -> float:
-    """Parameters per second one optimizer step updates on the CPU: DeepSpeed's CPUAdam or torch's AdamW."""
-    param = torch.zeros(numel, dtype=torch.float32, requires_grad=True)
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache cpu0 reports (sysfs), or 64 MiB where none is listed."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip()
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * unit)
+    return max(sizes, default=64 << 20)
+
+
+def beyond_caches(bytes_per_element: int, floor: int) -> int:
+    """Elements whose working set is 4x the last-level cache: a server CPU's L3 (hundreds of MiB) holds
+    smaller probes whole and reports cache speed, not the DRAM speed a step over billions of
+    parameters gets."""
+    return max(floor, 4 * last_level_cache_bytes() // bytes_per_element)
+
+
+ADAM_KINDS = ("deepspeed-cpu", "torch", "fused")
+
+
+def measure_adam_params_per_s(kind: str, device: str = "cpu", numel: int | None = None, repeats: int = 3) -> float:
+    """Parameters per second one optimizer step updates: DeepSpeed's CPUAdam, torch's AdamW as FSDP2 builds
+    it (torch picks foreach on a GPU, the per-tensor loop on the CPU), or its fused form (the stand-in for
+    DeepSpeed's FusedAdam on a GPU)."""
+    if kind not in ADAM_KINDS:
+        raise ValueError(f"unknown Adam kind {kind!r}: one of {', '.join(ADAM_KINDS)}")
+    if numel is None:  # fp32 parameter, gradient, m and v
+        numel = beyond_caches(16, 8 << 20) if device == "cpu" else 256 << 20
+    param = torch.zeros(numel, dtype=torch.float32, device=device, requires_grad=True)
     param.grad = torch.full_like(param, 1e-3)
-    if deepspeed_cpu_adam:
+    if kind == "deepspeed-cpu":
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         from offloadlab.preflight import check_build_lock
@@ -60,21 +86,28 @@ def measure_adam_params_per_s(deepspeed_cpu_adam: bool, numel: int = 8 << 20, re
 
         optimizer = DeepSpeedCPUAdam([param], lr=1e-4)
     else:
-        optimizer = torch.optim.AdamW([param], lr=1e-4)
-    optimizer.step()  # state allocation and first-touch are not the steady rate
+        optimizer = torch.optim.AdamW([param], lr=1e-4, fused=True if kind == "fused" else None)
+
+    def step() -> None:
+        optimizer.step()
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    step()  # state allocation and first-touch are not the steady rate
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        optimizer.step()
+        step()
         best = min(best, time.perf_counter() - start)
     return numel / best
 
 
-def measure_host_passes_params_per_s(numel: int = 32 << 20, repeats: int = 3) -> float:
+def measure_host_passes_params_per_s(numel: int | None = None, repeats: int = 3) -> float:
     """Parameters per second through the two host-memory passes DeepSpeed's CPU-offloaded step makes
     beside CPU Adam: gradient clipping scales the fp32 gradient partition in place, and the updated fp32
     master is copied into the 16-bit parameter buffer (stage_1_and_2.step, stage3.step). FSDP2 with CPU
-    offload makes passes of the same cost (clip_grad_norm_'s norm and scale). Tensors far beyond the caches."""
+    offload makes passes of the same cost (clip_grad_norm_'s norm and scale)."""
+    numel = numel or beyond_caches(4 + 4 + 2, 32 << 20)
     grad, master = torch.ones(numel), torch.ones(numel)
     half = torch.empty(numel, dtype=torch.bfloat16)
 

@@ -142,6 +142,12 @@ class Memory:
     """Bytes per rank by place and purpose (NVMe and host totals are per host: all its ranks)."""
 
     gpu: dict[str, float] = field(default_factory=dict)
+    """Held through the step."""
+    gpu_turn: dict[str, float] = field(default_factory=dict)
+    """Only around the forward/backward turn: activations, what is gathered for compute."""
+    gpu_step: dict[str, float] = field(default_factory=dict)
+    """Only in the optimizer step, after the activations are freed: gradients the step then drops
+    (zero_grad(set_to_none=True)) and the optimizer's temporaries."""
     host_pinned: dict[str, float] = field(default_factory=dict)
     host_pageable: dict[str, float] = field(default_factory=dict)
     nvme: dict[str, float] = field(default_factory=dict)
@@ -156,7 +162,8 @@ class Memory:
 
     @property
     def gpu_bytes(self) -> float:
-        return sum(self.gpu.values())
+        """The peak: what is held, plus the larger of the turn's and the optimizer step's own bytes."""
+        return sum(self.gpu.values()) + max(sum(self.gpu_turn.values()), sum(self.gpu_step.values()))
 
     @property
     def host_state_bytes(self) -> float:
@@ -270,20 +277,32 @@ def deepspeed_model_states(p: Placement, shape: Shape, world: int) -> Memory:
     return m
 
 
-def fsdp2_model_states(p: Placement, shape: Shape, world: int) -> Memory:
+def fsdp2_model_states(p: Placement, shape: Shape, world: int, on_gpu: bool = True) -> Memory:
+    """fp32 shards of the parameters and of Adam's m and v, held; the fp32 gradient shards exist from the
+    last micro-batch's backward to zero_grad, and torch's AdamW on a GPU (foreach) adds one temporary the
+    size of v in its step (`_foreach_sqrt`; on the CPU it loops over tensors, one at a time). Without
+    offload the peak is that step (H200, 1.42B: 26.46 GiB measured, 20 bytes a parameter = 26.45 GiB),
+    with CPUOffloadPolicy it is the turn."""
     m, n = Memory(), shape.n_params
-    shard = 16 * n / world  # fp32 parameter, fp32 gradient, Adam m and v
+    temporary = 4 * (n if on_gpu and not p.cpu_offload else math.ceil(shape.largest_param_numel)) / world
     if p.cpu_offload:
         m.add("host_pinned", "parameters + gradients (fp32 shards)", 8 * n / world)
         m.add("host_pageable", "optimizer states", 8 * n / world)
+        m.add("host_pageable", "AdamW's temporary", temporary)
     else:
-        m.add("gpu", "parameters + gradients + optimizer (fp32 shards)", shard)
+        m.add("gpu", "parameters + optimizer states (fp32 shards)", 12 * n / world)
+        m.add("gpu_step", "gradients (fp32 shards)", 4 * n / world)
+        m.add("gpu_step", "AdamW's temporary", temporary)
+    if shape.grad_accum > 1:
+        # Without gradient sync (all micro-batches but the last) FSDP2 accumulates unsharded gradients in
+        # the reduce dtype (fp32) on the device (FSDPParam.unsharded_accumulated_grad).
+        m.add("gpu_turn", "gradients accumulated unsharded (fp32)", 4 * n)
     # One block gathered in the compute precision; the root's embeddings and head stay gathered
-    # (reshard_after_forward=False on the root). The peak is at the forward/backward turn, before any
+    # (reshard_after_forward=False on the root) until backward ends. The turn's peak comes before any
     # unsharded gradient exists; a block's appears once its larger activations are freed (H200, 1.42B,
     # CPUOffloadPolicy: 8.79 GiB measured, 8.77 predicted this way).
     root = 2 * shape.vocab_size * shape.d_model
-    m.add("gpu", "gathered block + root", shape.param_bytes * (shape.block_params + root))
+    m.add("gpu_turn", "gathered block + root", shape.param_bytes * (shape.block_params + root))
     return m
 
 
@@ -317,8 +336,8 @@ def reduce_bucket_bytes(p: Placement, shape: Shape, on_gpu: bool) -> float:
 
 def predict_memory(p: Placement, shape: Shape, world: int, buffers: "SwapBuffers | None" = None,
                    on_gpu: bool = True) -> Memory:
-    m = deepspeed_model_states(p, shape, world) if p.engine == "deepspeed" else fsdp2_model_states(p, shape, world)
-    m.add("gpu", "activations", activation_bytes(shape, p.activation_checkpointing))
+    m = deepspeed_model_states(p, shape, world) if p.engine == "deepspeed" else fsdp2_model_states(p, shape, world, on_gpu)
+    m.add("gpu_turn", "activations", activation_bytes(shape, p.activation_checkpointing))
     if p.engine == "deepspeed":
         m.add("gpu", "gradient reduce buckets", reduce_bucket_bytes(p, shape, on_gpu))
     if p.engine == "deepspeed" and p.zero_stage == 3 and p.offload_optimizer == "nvme":
@@ -365,6 +384,11 @@ class Links:
     pcie_d2h: float | None
     cpu_adam_params_per_s: float
     torch_cpu_adam_params_per_s: float
+    device_adam_params_per_s: float
+    """torch's AdamW as FSDP2 builds it (foreach on a GPU), on the training device."""
+    device_fused_adam_params_per_s: float
+    """torch's fused AdamW on the training device: the stand-in for DeepSpeed's FusedAdam (one kernel a
+    chunk, the same bytes)."""
     host_passes_params_per_s: float
     """Clipping's scale of the fp32 gradient and the fp32 -> 16-bit copy, per parameter, on the host."""
     flops_per_s: float
@@ -394,9 +418,11 @@ def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
             out["nvme_read"] += param_nvme_read_bytes(p, shape, world)
             out["nvme_write"] += b * on_nvme  # the updated 16-bit parameters
         if p.offload_optimizer != "none":
-            out["pcie_d2h"] += k * b * n / world * p.ratio  # gradients, every micro-batch
-            if p.offload_param == "none":
-                out["pcie_h2d"] += b * n / world  # the updated parameters back
+            # Gradients, every micro-batch: ZeRO-3 copies them 16-bit into a pinned buffer, ZeRO-1/2 convert
+            # them to fp32 on the GPU first (stage_1_and_2.async_inplace_copy_grad_to_fp32_buffer_from_gpu).
+            grad_bytes = b if p.zero_stage == 3 else 4
+            out["pcie_d2h"] += k * grad_bytes * n / world * p.ratio
+            out["pcie_h2d"] += param_upload_bytes(p, shape, world)
             if p.offload_optimizer == "nvme":
                 swapped = optimizer_swap_bytes(p, shape, world) * p.ratio
                 out["nvme_read"] += swapped
@@ -405,6 +431,14 @@ def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
         out["pcie_h2d"] += 2 * k * 4 * n / world  # fp32 shards copied up for forward and backward
         out["pcie_d2h"] += 4 * n / world  # the reduced gradient, once a step (sync on the last micro-batch)
     return out
+
+
+def param_upload_bytes(p: Placement, shape: Shape, world: int) -> float:
+    """The updated 16-bit parameters copied back to the GPU after a CPU or NVMe optimizer step, when the
+    parameters live on the GPU."""
+    if p.engine != "deepspeed" or p.offload_optimizer == "none" or p.offload_param != "none":
+        return 0.0
+    return shape.param_bytes * shape.n_params / world
 
 
 def param_nvme_read_bytes(p: Placement, shape: Shape, world: int) -> float:
@@ -428,16 +462,18 @@ def optimizer_swap_bytes(p: Placement, shape: Shape, world: int) -> float:
 
 
 def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> StepBound:
-    """Lower bound: compute (at the measured block rate), PCIe and parameter fetches overlap; the optimizer
-    phase follows backward: CPU Adam and the host passes around it, or the NVMe swap where that is longer."""
+    """Lower bound: compute (at the measured block rate), PCIe and parameter fetches overlap in forward and
+    backward; the optimizer phase follows backward: Adam where the optimizer lives, on the host with the
+    two passes around it (or the NVMe swap where that is longer) and the updated parameters' upload."""
     moved = step_bytes(p, shape, world)
     tokens = shape.seq_len * shape.micro_batch * shape.grad_accum
     flops = flops_per_token(shape.n_params, shape.n_layers, shape.d_model, shape.seq_len) * tokens
     if p.activation_checkpointing:
         flops *= 4 / 3  # forward once more
     parts = {"compute": flops / links.flops_per_s}
+    upload = param_upload_bytes(p, shape, world)
     if links.pcie_h2d:
-        parts["pcie_h2d"] = moved["pcie_h2d"] / links.pcie_h2d
+        parts["pcie_h2d"] = (moved["pcie_h2d"] - upload) / links.pcie_h2d
         parts["pcie_d2h"] = moved["pcie_d2h"] / links.pcie_d2h
     param_nvme = param_nvme_read_bytes(p, shape, world)
     if p.uses_nvme:
@@ -445,25 +481,32 @@ def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> Ste
             raise ValueError("an NVMe placement needs measured NVMe bandwidth")
         parts["nvme_params"] = param_nvme / links.nvme_read
     overlapped = max(parts.values())
-    optimizer_phase = 0.0
-    if p.engine == "deepspeed" and p.offload_optimizer != "none":
-        on_host = p.ratio * shape.n_params / world
-        parts["cpu_adam"] = on_host / links.cpu_adam_params_per_s
-        parts["host_passes"] = on_host / links.host_passes_params_per_s
-        swap = 0.0
-        if p.offload_optimizer == "nvme":
-            opt_read = moved["nvme_read"] - param_nvme
-            swap = opt_read / links.nvme_read + moved["nvme_write"] / links.nvme_write
-            parts["nvme_optimizer"] = swap
-        optimizer_phase = max(parts["cpu_adam"] + parts["host_passes"], swap)
-    elif p.engine == "fsdp2" and p.cpu_offload:
-        on_host = shape.n_params / world
-        parts["cpu_adam"] = on_host / links.torch_cpu_adam_params_per_s
-        parts["host_passes"] = on_host / links.host_passes_params_per_s
-        optimizer_phase = parts["cpu_adam"] + parts["host_passes"]
-    seconds = overlapped + optimizer_phase
+    optimizer = _optimizer_phase(p, shape, world, links, moved["nvme_read"] - param_nvme, moved["nvme_write"])
+    if upload and links.pcie_h2d:
+        optimizer["param_upload"] = upload / links.pcie_h2d
+    parts.update(optimizer)
+    host = optimizer.get("cpu_adam", 0.0) + optimizer.get("host_passes", 0.0)
+    seconds = overlapped + max(host, optimizer.get("nvme_optimizer", 0.0)) + optimizer.get("device_adam", 0.0) \
+        + optimizer.get("param_upload", 0.0)
     bottleneck = max(parts, key=parts.get)
     return StepBound(seconds, bottleneck, parts, moved)
+
+
+def _optimizer_phase(p: Placement, shape: Shape, world: int, links: Links, swap_read: float, swap_write: float) -> dict[str, float]:
+    """Seconds of each part of the optimizer step, by where the optimizer states live."""
+    on_rank = shape.n_params / world
+    if p.engine == "fsdp2":
+        if not p.cpu_offload:
+            return {"device_adam": on_rank / links.device_adam_params_per_s}
+        return {"cpu_adam": on_rank / links.torch_cpu_adam_params_per_s,
+                "host_passes": on_rank / links.host_passes_params_per_s}
+    if p.offload_optimizer == "none":
+        return {"device_adam": on_rank / links.device_fused_adam_params_per_s}
+    on_host = p.ratio * on_rank  # ratio < 1 keeps the rest on the GPU, updated beside the host's share
+    out = {"cpu_adam": on_host / links.cpu_adam_params_per_s, "host_passes": on_host / links.host_passes_params_per_s}
+    if p.offload_optimizer == "nvme":
+        out["nvme_optimizer"] = swap_read / links.nvme_read + swap_write / links.nvme_write
+    return out
 
 
 @dataclass(frozen=True)

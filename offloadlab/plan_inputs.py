@@ -101,19 +101,22 @@ class PlanInputs:
 
     @staticmethod
     def _links(spec: RunSpec, cfg: GPTConfig, nvme_path: Path | None, tuned_dir: Path | None, console: Console) -> Links:
-        with console.status("measuring links: PCIe copy, CPU Adam (DeepSpeed op, built on first use), host passes, "
+        with console.status("measuring links: PCIe copy, Adam on CPU (DeepSpeed op, built on first use) and device, host passes, "
                             "one block's forward and backward, NVMe"):
             pcie = measure.measure_pinned_copy()
             nvme = measure.nvme_from_tune_store(tuned_dir) if tuned_dir else None
             if nvme is None and nvme_path is not None:
                 nvme = measure.measure_nvme_quick(nvme_path)
+            torch_cpu_adam = measure.measure_adam_params_per_s("torch")
             return Links(
                 nvme_read=nvme[0] if nvme else None, nvme_write=nvme[1] if nvme else None,
                 nvme_source=nvme[2] if nvme else "no --nvme given: NVMe placements get no step bound",
                 pcie_h2d=pcie.host_to_device_gbps * 1e9 if pcie else None,
                 pcie_d2h=pcie.device_to_host_gbps * 1e9 if pcie else None,
-                cpu_adam_params_per_s=measure.measure_adam_params_per_s(deepspeed_cpu_adam=True),
-                torch_cpu_adam_params_per_s=measure.measure_adam_params_per_s(deepspeed_cpu_adam=False),
+                cpu_adam_params_per_s=measure.measure_adam_params_per_s("deepspeed-cpu"),
+                torch_cpu_adam_params_per_s=torch_cpu_adam,
+                device_adam_params_per_s=measure.measure_adam_params_per_s("torch", "cuda") if pcie else torch_cpu_adam,
+                device_fused_adam_params_per_s=measure.measure_adam_params_per_s("fused", "cuda" if pcie else "cpu"),
                 host_passes_params_per_s=measure.measure_host_passes_params_per_s(),
                 flops_per_s=measure.measure_block_flops(cfg, spec.seq_len, spec.micro_batch, spec.precision),
                 flops_source=BLOCK_MEASURED,
@@ -156,6 +159,8 @@ class PlanInputs:
                       f"{link.pcie_h2d / 1e9:.1f} / {link.pcie_d2h / 1e9:.1f} GB/s")
         table.add_row("CPU Adam (DeepSpeed / torch)", f"{link.cpu_adam_params_per_s / 1e6:.0f} / "
                       f"{link.torch_cpu_adam_params_per_s / 1e6:.0f} M params/s")
+        table.add_row("device Adam (torch / fused)", f"{link.device_adam_params_per_s / 1e6:.0f} / "
+                      f"{link.device_fused_adam_params_per_s / 1e6:.0f} M params/s")
         table.add_row("host passes (clip, fp32 -> 16-bit)", f"{link.host_passes_params_per_s / 1e6:.0f} M params/s")
         table.add_row("compute", f"{link.flops_per_s / 1e12:.2f} TFLOP/s ({link.flops_source})")
         return table

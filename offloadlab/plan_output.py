@@ -36,9 +36,11 @@ def breakdown_table(x: Prediction) -> Table:
     table = Table(title=f"{x.placement.name}: predicted bytes per rank", header_style="bold")
     for col in ("where", "what", "GiB"):
         table.add_column(col, justify="right" if col == "GiB" else "left")
-    for where in ("gpu", "host_pinned", "host_pageable", "nvme"):
+    places = {"gpu": "gpu", "gpu_turn": "gpu (fwd/bwd turn)", "gpu_step": "gpu (optimizer step)",
+              "host_pinned": "host pinned", "host_pageable": "host pageable", "nvme": "nvme"}
+    for where, label in places.items():
         for what, nbytes in getattr(x.memory, where).items():
-            table.add_row(where.replace("_", " "), what, f"{nbytes / GiB:.2f}")
+            table.add_row(label, what, f"{nbytes / GiB:.2f}")
     table.add_row("host", "runtime (Python, torch)", f"{HOST_BASELINE_BYTES / GiB:.2f}")
     if x.memory.host_build_bytes:
         table.add_row("host", "fp32 build copy (freed before training; peak is the larger phase)",

@@ -59,8 +59,9 @@ def test_model_states_match_deepspeeds_own_estimates(preset, world):
 
 
 LINKS = Links(nvme_read=2e9, nvme_write=2.5e9, nvme_source="test", pcie_h2d=50e9, pcie_d2h=50e9,
-              cpu_adam_params_per_s=1e9, torch_cpu_adam_params_per_s=2e8, host_passes_params_per_s=4e9,
-              flops_per_s=400e12, flops_source="test")
+              cpu_adam_params_per_s=1e9, torch_cpu_adam_params_per_s=2e8, device_adam_params_per_s=20e9,
+              device_fused_adam_params_per_s=40e9, host_passes_params_per_s=4e9, flops_per_s=400e12,
+              flops_source="test")
 
 
 def test_the_binding_constraint_is_named_and_offload_rescues_a_model_the_gpu_cannot_hold():
@@ -91,8 +92,37 @@ def test_a_cpu_optimizer_step_pays_adam_and_the_host_passes_after_backward(place
     bound = step_time_bound(placement, shape, 1, LINKS)
     assert bound.parts["cpu_adam"] == pytest.approx(shape.n_params / adam_rate)
     assert bound.parts["host_passes"] == pytest.approx(shape.n_params / LINKS.host_passes_params_per_s)
-    overlapped = max(v for k, v in bound.parts.items() if k not in ("cpu_adam", "host_passes"))
-    assert bound.seconds == pytest.approx(overlapped + bound.parts["cpu_adam"] + bound.parts["host_passes"])
+    # DeepSpeed copies the updated bf16 parameters back to the GPU after the step, not during backward;
+    # FSDP2's offloaded shards stay on the host.
+    upload = 2 * shape.n_params / LINKS.pcie_h2d if placement.engine == "deepspeed" else 0.0
+    assert bound.parts.get("param_upload", 0.0) == pytest.approx(upload)
+    serial = ("cpu_adam", "host_passes", "param_upload")
+    overlapped = max(v for k, v in bound.parts.items() if k not in serial)
+    assert bound.seconds == pytest.approx(overlapped + sum(bound.parts.get(k, 0.0) for k in serial))
+
+
+@pytest.mark.parametrize("placement, rate", [(Placement("fsdp2", "fsdp2"), LINKS.device_adam_params_per_s),
+                                             (Placement("zero2", "deepspeed", 2), LINKS.device_fused_adam_params_per_s)])
+def test_an_optimizer_on_the_gpu_adds_its_step_after_backward(placement, rate):
+    """FSDP2's foreach AdamW and DeepSpeed's FusedAdam stream every state through GPU memory once a step."""
+    shape = _shape("gpt-1.4b")
+    bound = step_time_bound(placement, shape, 1, LINKS)
+    assert bound.parts["device_adam"] == pytest.approx(shape.n_params / rate)
+    assert bound.seconds == pytest.approx(bound.parts["compute"] + bound.parts["device_adam"])
+
+
+def test_fsdp2_peaks_in_the_optimizer_step_or_at_the_turn_whichever_holds_more():
+    """Without offload the gradients and AdamW's foreach temporary (8 bytes a parameter) exist only in the
+    step, when the activations are gone; a longer sequence moves the peak to the forward/backward turn."""
+    machine = Machine(gpus=1, gpu_mem_bytes=140 * GiB, host_mem_bytes=256 * GiB, nvme_free_bytes=None)
+    turns = {}
+    for seq_len in (256, 4096):
+        shape = _shape("gpt-1.4b", seq_len=seq_len)
+        m = predict(Placement("fsdp2", "fsdp2"), shape, machine, LINKS).memory
+        turns[seq_len], step = sum(m.gpu_turn.values()), sum(m.gpu_step.values())
+        assert step == pytest.approx(8 * shape.n_params)
+        assert m.gpu_bytes == pytest.approx(12 * shape.n_params + max(turns[seq_len], step))
+    assert turns[256] < 8 * shape.n_params < turns[4096]
 
 
 def test_nvme_bytes_per_step_follow_what_zero_infinity_swaps():
@@ -213,7 +243,8 @@ def test_plan_largest_finds_the_biggest_gpt_that_fits_and_one_more_layer_does_no
 
 
 H200_STORES = {"2026-12-02-h200-s3/zero3-nvme-1.4b": ["zero3-nvme"],
-               "2026-12-02-h200-s4/at_scale-1.4b": ["zero3-nvme-tuned", "zero3-cpu", "zero2-cpu", "fsdp2-cpu-offload"]}
+               "2026-12-02-h200-s4/at_scale-1.4b": ["zero3-nvme-tuned", "zero3-cpu", "zero2-cpu", "fsdp2-cpu-offload"],
+               "2026-12-03-h200-s5/at_scale-fsdp2": ["fsdp2"]}
 
 
 @pytest.mark.parametrize("store", H200_STORES)
