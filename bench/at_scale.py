@@ -66,7 +66,8 @@ def strategies_with_twins(spec_path: Path, fragment: Path | None, only: list[str
     if unknown:
         raise SystemExit(f"--only: no strategy named {', '.join(sorted(unknown))}; "
                          f"there are {', '.join(s['name'] for s in strategies)}")
-    return [s for s in strategies if s["name"] in only]
+    by_name = {s["name"]: s for s in strategies}
+    return [by_name[name] for name in only]  # in --only's order: a repeat can swap who runs first
 
 
 def with_tuned_twins(spec_path: Path, fragment: Path, nvme: Path, out: Path, only: list[str] | None) -> Path:
@@ -128,7 +129,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, help="Default: RESULTS/run-dir")
     parser.add_argument("--full-tune", action="store_true", help="The full sweep instead of --quick")
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="Run only these strategies (twins by their -tuned name)")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="Run only these strategies, in this order (twins by their -tuned name)")
     parser.add_argument("--from-results", action="store_true",
                         help="Write at_scale.md and the report from a cut-off run's RESULTS (its store, spec.toml, tune.json, "
                              "tune/): no tune, no run")

@@ -58,6 +58,7 @@ def compare(spec_path: Path, run_dir: Path, console: Console, tuned_dir: Path | 
     spec = load_spec(spec_path)
     inputs = PlanInputs.gather(spec_path, None, 0, 0, 0, "bf16", gpus, gpu_mem_gib, host_mem_gib, None, tuned_dir, console,
                                links=links)
+    console.print(inputs.machine_table())  # the links every bound below is computed from
     measured = {s.name: s for s in summarize(RunStore(run_dir))}
     gpu = inputs.machine.gpu_mem_bytes is not None
     rows = []
@@ -74,6 +75,7 @@ def compare(spec_path: Path, run_dir: Path, console: Console, tuned_dir: Path | 
             "nvme_read_predicted": moved.get("nvme_read"), "nvme_read_measured": m.disk_read_bytes_per_step,
             "nvme_write_predicted": moved.get("nvme_write"), "nvme_write_measured": m.disk_write_bytes_per_step,
             "step_predicted": pred.step.seconds if pred.step else None, "step_measured": m.median_step_time_s,
+            "step_parts": pred.step.parts if pred.step else None,
         })
     return rows
 

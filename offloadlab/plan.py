@@ -7,7 +7,9 @@ Model states follow the ZeRO paper's accounting, in the precisions the two engin
   parameters; ZeRO-3 additionally holds the layer being gathered (16-bit parameter + gradient, DeepSpeed's
   own `largest_layer_memory`).
 - FSDP2: fp32 sharded parameters and gradients (reduce in fp32) and Adam m, v on the shard: 16 bytes a
-  parameter / N, plus the 16-bit copy of the block being gathered (MixedPrecisionPolicy).
+  parameter / N, plus the 16-bit copy of the block being gathered (MixedPrecisionPolicy). The gradients
+  exist only from backward to zero_grad, so the GPU peaks either at the forward/backward turn (activations)
+  or in the optimizer step (gradients and AdamW's foreach temporary): `Memory.gpu_turn` / `gpu_step`.
 `tests/test_plan.py` checks these against DeepSpeed's `estimate_zero2/zero3_model_states_mem_needs`.
 DeepSpeed's GPU also holds its gradient reduce buckets (1 GB for ZeRO-3 in bf16, 2 GB for ZeRO-1/2), which
 its estimators leave out.
@@ -384,9 +386,10 @@ class Links:
     pcie_d2h: float | None
     cpu_adam_params_per_s: float
     torch_cpu_adam_params_per_s: float
-    device_adam_params_per_s: float
-    """torch's AdamW as FSDP2 builds it (foreach on a GPU), on the training device."""
-    device_fused_adam_params_per_s: float
+    device_adam_params_per_s: float | None
+    """torch's AdamW as FSDP2 builds it (foreach on a GPU), on the training device; None: not measured
+    (planning for a GPU this machine lacks), and the bounds leave that step out."""
+    device_fused_adam_params_per_s: float | None
     """torch's fused AdamW on the training device: the stand-in for DeepSpeed's FusedAdam (one kernel a
     chunk, the same bytes)."""
     host_passes_params_per_s: float
@@ -495,13 +498,12 @@ def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> Ste
 def _optimizer_phase(p: Placement, shape: Shape, world: int, links: Links, swap_read: float, swap_write: float) -> dict[str, float]:
     """Seconds of each part of the optimizer step, by where the optimizer states live."""
     on_rank = shape.n_params / world
-    if p.engine == "fsdp2":
-        if not p.cpu_offload:
-            return {"device_adam": on_rank / links.device_adam_params_per_s}
+    if p.engine == "fsdp2" and p.cpu_offload:
         return {"cpu_adam": on_rank / links.torch_cpu_adam_params_per_s,
                 "host_passes": on_rank / links.host_passes_params_per_s}
-    if p.offload_optimizer == "none":
-        return {"device_adam": on_rank / links.device_fused_adam_params_per_s}
+    if p.engine == "fsdp2" or p.offload_optimizer == "none":
+        rate = links.device_adam_params_per_s if p.engine == "fsdp2" else links.device_fused_adam_params_per_s
+        return {"device_adam": on_rank / rate} if rate else {}
     on_host = p.ratio * on_rank  # ratio < 1 keeps the rest on the GPU, updated beside the host's share
     out = {"cpu_adam": on_host / links.cpu_adam_params_per_s, "host_passes": on_host / links.host_passes_params_per_s}
     if p.offload_optimizer == "nvme":

@@ -83,7 +83,11 @@ class PlanInputs:
         shape = _shape(spec, cfg)
         machine = detect_machine(gpus or (spec.nproc if spec_path else None), gpu_mem_gib, host_mem_gib, nvme_path)
         tuned_dir = tuned_dir or _newest_tune()
-        links = links or cls._links(spec, cfg, nvme_path, tuned_dir, console)
+        if links is None:
+            links = cls._links(spec, cfg, nvme_path, tuned_dir, console)
+            if machine.gpu_mem_bytes is not None and links.pcie_h2d is None:
+                # Planning for a GPU this machine lacks: its CPU's Adam rate says nothing of that GPU's.
+                links = replace(links, device_adam_params_per_s=None, device_fused_adam_params_per_s=None)
         if tflops:
             links = replace(links, flops_per_s=tflops * 1e12, flops_source="given with --tflops")
         if pcie_gbps:
@@ -159,7 +163,8 @@ class PlanInputs:
                       f"{link.pcie_h2d / 1e9:.1f} / {link.pcie_d2h / 1e9:.1f} GB/s")
         table.add_row("CPU Adam (DeepSpeed / torch)", f"{link.cpu_adam_params_per_s / 1e6:.0f} / "
                       f"{link.torch_cpu_adam_params_per_s / 1e6:.0f} M params/s")
-        table.add_row("device Adam (torch / fused)", f"{link.device_adam_params_per_s / 1e6:.0f} / "
+        table.add_row("device Adam (torch / fused)", "- (no GPU here to measure: not in the bounds)"
+                      if link.device_adam_params_per_s is None else f"{link.device_adam_params_per_s / 1e6:.0f} / "
                       f"{link.device_fused_adam_params_per_s / 1e6:.0f} M params/s")
         table.add_row("host passes (clip, fp32 -> 16-bit)", f"{link.host_passes_params_per_s / 1e6:.0f} M params/s")
         table.add_row("compute", f"{link.flops_per_s / 1e12:.2f} TFLOP/s ({link.flops_source})")

@@ -244,7 +244,9 @@ def test_plan_largest_finds_the_biggest_gpt_that_fits_and_one_more_layer_does_no
 
 H200_STORES = {"2026-12-02-h200-s3/zero3-nvme-1.4b": ["zero3-nvme"],
                "2026-12-02-h200-s4/at_scale-1.4b": ["zero3-nvme-tuned", "zero3-cpu", "zero2-cpu", "fsdp2-cpu-offload"],
-               "2026-12-03-h200-s5/at_scale-fsdp2": ["fsdp2"]}
+               "2026-12-03-h200-s5/at_scale-fsdp2": ["fsdp2"],
+               "2026-12-03-h200-s6/at_scale-ram/run": ["zero3-cpu", "zero2-cpu", "fsdp2-cpu-offload", "fsdp2"],
+               "2026-12-03-h200-s6/at_scale-nvme/run": ["zero3-nvme", "zero3-nvme-tuned"]}
 
 
 @pytest.mark.parametrize("store", H200_STORES)
