@@ -58,9 +58,9 @@ def last_level_cache_bytes() -> int:
 
 
 def beyond_caches(bytes_per_element: int, floor: int) -> int:
-    """Elements whose working set is 4x the last-level cache: a server CPU's L3 (hundreds of MiB) holds
-    smaller probes whole and reports cache speed, not the DRAM speed a step over billions of
-    parameters gets."""
+    """Elements whose working set is 4x the last-level cache. A server CPU's L3 (300-480 MiB on the
+    machines here) can hold a smaller probe whole, and a step over billions of parameters runs at DRAM
+    speed, not the cache's."""
     return max(floor, 4 * last_level_cache_bytes() // bytes_per_element)
 
 

@@ -286,7 +286,7 @@ def fsdp2_model_states(p: Placement, shape: Shape, world: int, on_gpu: bool = Tr
     offload the peak is that step (H200, 1.42B: 26.46 GiB measured, 20 bytes a parameter = 26.45 GiB),
     with CPUOffloadPolicy it is the turn."""
     m, n = Memory(), shape.n_params
-    temporary = 4 * (n if on_gpu and not p.cpu_offload else math.ceil(shape.largest_param_numel)) / world
+    temporary = 4 * (n if on_gpu and not p.cpu_offload else shape.largest_param_numel) / world
     if p.cpu_offload:
         m.add("host_pinned", "parameters + gradients (fp32 shards)", 8 * n / world)
         m.add("host_pageable", "optimizer states", 8 * n / world)
@@ -386,17 +386,18 @@ class Links:
     pcie_d2h: float | None
     cpu_adam_params_per_s: float
     torch_cpu_adam_params_per_s: float
-    device_adam_params_per_s: float | None
-    """torch's AdamW as FSDP2 builds it (foreach on a GPU), on the training device; None: not measured
-    (planning for a GPU this machine lacks), and the bounds leave that step out."""
-    device_fused_adam_params_per_s: float | None
-    """torch's fused AdamW on the training device: the stand-in for DeepSpeed's FusedAdam (one kernel a
-    chunk, the same bytes)."""
     host_passes_params_per_s: float
     """Clipping's scale of the fp32 gradient and the fp32 -> 16-bit copy, per parameter, on the host."""
     flops_per_s: float
     """Model FLOP/s the step's forward and backward reach (one block measured), or as given."""
     flops_source: str
+    device_adam_params_per_s: float | None = None
+    """torch's AdamW as FSDP2 builds it (foreach on a GPU), on the training device; None: not measured
+    (planning for a GPU this machine lacks, or links recorded before it was measured), and the bounds
+    leave that step out."""
+    device_fused_adam_params_per_s: float | None = None
+    """torch's fused AdamW on the training device: the stand-in for DeepSpeed's FusedAdam (one kernel a
+    chunk, the same bytes)."""
 
 
 @dataclass(frozen=True)
@@ -438,10 +439,10 @@ def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
 
 def param_upload_bytes(p: Placement, shape: Shape, world: int) -> float:
     """The updated 16-bit parameters copied back to the GPU after a CPU or NVMe optimizer step, when the
-    parameters live on the GPU."""
+    parameters live on the GPU (with ratio < 1, only the host's share)."""
     if p.engine != "deepspeed" or p.offload_optimizer == "none" or p.offload_param != "none":
         return 0.0
-    return shape.param_bytes * shape.n_params / world
+    return p.ratio * shape.param_bytes * shape.n_params / world
 
 
 def param_nvme_read_bytes(p: Placement, shape: Shape, world: int) -> float:
