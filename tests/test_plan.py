@@ -193,6 +193,16 @@ def test_plan_json_lists_every_placement(tmp_path):
     assert {"zero1", "zero2-cpu", "zero3-opt-nvme-param-nvme", "fsdp2", "fsdp2-cpu-offload"} <= names
     assert all(p["step_bound_s"] > 0 for p in result["predictions"] if p["fits"])
     assert list(tmp_path.iterdir()) == []  # the quick NVMe measurement removed its files
+    # An 80 GiB GPU planned from a machine without one: this CPU's Adam rate is no measure of its step.
+    assert result["links"]["device_adam_params_per_s"] is None
+    assert result["links"]["cpu_adam_params_per_s"] > 0
+
+
+def test_on_a_cpu_only_machine_the_device_adam_is_the_cpus_own(tmp_path):
+    proc = cli("plan", "--model", "gpt-125m", "--gpus", "1", "--gpu-mem", "0", "--host-mem", "64", "--json")
+    links = json.loads(proc.stdout)["links"]
+    assert links["device_adam_params_per_s"] == links["torch_cpu_adam_params_per_s"] > 0
+    assert links["device_fused_adam_params_per_s"] > 0
 
 
 def _bench(name: str):
