@@ -219,6 +219,19 @@ def deepspeed_sub_groups(shape: Shape, world: int) -> list[int]:
     return groups + ([current] if current else [])
 
 
+def host_optimizer_share(p: Placement, shape: Shape, world: int) -> float:
+    """The share of a rank's optimizer DeepSpeed keeps and updates off the GPU. With ratio < 1 it assigns
+    whole sub-groups: sub-group i goes to the CPU when i >= int((1 - ratio) * count) (stage3's
+    subgroup_to_device), so the share is coarser than the ratio (an 8B GPT's 8 sub-groups at ratio 0.3
+    put 3 of 8 on the CPU)."""
+    if p.offload_optimizer == "none":
+        return 0.0
+    if p.ratio >= 1.0 or p.zero_stage != 3:
+        return 1.0
+    groups = deepspeed_sub_groups(shape, world)
+    return sum(groups[int((1 - p.ratio) * len(groups)):]) / sum(groups)
+
+
 def params_kept_at_turn(p: Placement, shape: Shape) -> float:
     """Gathered parameter elements ZeRO-3 keeps from the end of forward into backward: a module's
     parameters are not released when they are used again within stage3_max_reuse_distance elements
@@ -272,10 +285,14 @@ def deepspeed_model_states(p: Placement, shape: Shape, world: int) -> Memory:
     if p.offload_optimizer == "none":
         m.add("gpu", "optimizer states", optimizer)
     else:
-        # ratio < 1 keeps the rest on the GPU (DeepSpeed's partial optimizer offload).
+        # ratio < 1 keeps the rest on the GPU (DeepSpeed's partial optimizer offload), updated there by a
+        # torch AdamW whose foreach step adds a temporary of one sub-group's fp32 size.
+        share = host_optimizer_share(p, shape, world)
         m.add(_place_of(p.offload_optimizer), "optimizer states",
-              optimizer * p.ratio * (world if p.offload_optimizer == "nvme" else 1))
-        m.add("gpu", "optimizer states", optimizer * (1 - p.ratio))
+              optimizer * share * (world if p.offload_optimizer == "nvme" else 1))
+        if share < 1.0:
+            m.add("gpu", "optimizer states", optimizer * (1 - share))
+            m.add("gpu_step", "AdamW's temporary (one sub-group)", 4 * max(deepspeed_sub_groups(shape, world)))
     return m
 
 
@@ -425,10 +442,11 @@ def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
             # Gradients, every micro-batch: ZeRO-3 copies them 16-bit into a pinned buffer, ZeRO-1/2 convert
             # them to fp32 on the GPU first (stage_1_and_2.async_inplace_copy_grad_to_fp32_buffer_from_gpu).
             grad_bytes = b if p.zero_stage == 3 else 4
-            out["pcie_d2h"] += k * grad_bytes * n / world * p.ratio
+            share = host_optimizer_share(p, shape, world)
+            out["pcie_d2h"] += k * grad_bytes * n / world * share
             out["pcie_h2d"] += param_upload_bytes(p, shape, world)
             if p.offload_optimizer == "nvme":
-                swapped = optimizer_swap_bytes(p, shape, world) * p.ratio
+                swapped = optimizer_swap_bytes(p, shape, world) * share
                 out["nvme_read"] += swapped
                 out["nvme_write"] += swapped
     elif p.cpu_offload:
@@ -442,7 +460,7 @@ def param_upload_bytes(p: Placement, shape: Shape, world: int) -> float:
     parameters live on the GPU (with ratio < 1, only the host's share)."""
     if p.engine != "deepspeed" or p.offload_optimizer == "none" or p.offload_param != "none":
         return 0.0
-    return p.ratio * shape.param_bytes * shape.n_params / world
+    return host_optimizer_share(p, shape, world) * shape.param_bytes * shape.n_params / world
 
 
 def param_nvme_read_bytes(p: Placement, shape: Shape, world: int) -> float:
@@ -505,8 +523,11 @@ def _optimizer_phase(p: Placement, shape: Shape, world: int, links: Links, swap_
     if p.engine == "fsdp2" or p.offload_optimizer == "none":
         rate = links.device_adam_params_per_s if p.engine == "fsdp2" else links.device_fused_adam_params_per_s
         return {"device_adam": on_rank / rate} if rate else {}
-    on_host = p.ratio * on_rank  # ratio < 1 keeps the rest on the GPU, updated beside the host's share
+    on_host = host_optimizer_share(p, shape, world) * on_rank
     out = {"cpu_adam": on_host / links.cpu_adam_params_per_s, "host_passes": on_host / links.host_passes_params_per_s}
+    if on_host < on_rank and links.device_adam_params_per_s:
+        # The GPU's sub-groups are updated in the same loop, one sub-group after another, by torch's AdamW.
+        out["device_adam"] = (on_rank - on_host) / links.device_adam_params_per_s
     if p.offload_optimizer == "nvme":
         out["nvme_optimizer"] = swap_read / links.nvme_read + swap_write / links.nvme_write
     return out
@@ -581,11 +602,14 @@ def _partial_offload(full: Prediction, shape: Shape, machine: Machine, links: Li
     optimizer_bytes = ModelStateBytes.deepspeed(shape.param_bytes).optimizer * shape.n_params / world
     spare = GPU_USABLE_SHARE * machine.gpu_mem_bytes - full.memory.gpu_bytes
     keep_share = min(1.0, spare / optimizer_bytes) if optimizer_bytes else 0.0
-    ratio = math.ceil((1 - keep_share) * 10) / 10
-    if ratio >= 1.0 or ratio <= 0.0:
-        return None
-    pred = predict(replace(p, name=f"zero3-opt-cpu-ratio{ratio:g}", ratio=ratio), shape, machine, links, buffers)
-    return pred if pred.fits else None
+    # DeepSpeed moves whole sub-groups (host_optimizer_share), so the first tenth that covers the need may
+    # still keep too much on the GPU: try the next ones up.
+    for tenths in range(max(1, math.ceil((1 - keep_share) * 10)), 10):
+        ratio = tenths / 10
+        pred = predict(replace(p, name=f"zero3-opt-cpu-ratio{ratio:g}", ratio=ratio), shape, machine, links, buffers)
+        if pred.fits:
+            return pred
+    return None
 
 
 def why_winner(predictions: list[Prediction]) -> str:

@@ -4,6 +4,7 @@ the files `--write` emits loaded by the tools that read them."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,22 @@ def test_a_partial_optimizer_offload_is_offered_when_part_of_it_fits():
     assert partial, names
     ratio = float(partial[0].removeprefix("zero3-opt-cpu-ratio"))
     assert 0 < ratio < 1
+
+
+def test_a_partial_offload_moves_whole_sub_groups_and_the_gpu_updates_its_share_in_the_same_loop():
+    """stage3 sends sub-group i to the CPU when i >= int((1 - ratio) * count); torch's AdamW updates the
+    rest on the GPU, one sub-group after another with the CPU's."""
+    shape = _shape("gpt-1.4b")
+    first, second = deepspeed_sub_groups(shape, world=1)
+    partial = Placement("zero3-opt-cpu-ratio0.3", "deepspeed", 3, "cpu", ratio=0.3)
+    memory = deepspeed_model_states(partial, shape, world=1)
+    assert memory.host_pinned["optimizer states"] == pytest.approx(16 * second)  # the second sub-group, 0.42B of 1.42B
+    assert memory.gpu["optimizer states"] == pytest.approx(16 * first)
+    bound = step_time_bound(partial, shape, 1, LINKS)
+    assert bound.parts["cpu_adam"] == pytest.approx(second / LINKS.cpu_adam_params_per_s)
+    assert bound.parts["device_adam"] == pytest.approx(first / LINKS.device_adam_params_per_s)
+    full = step_time_bound(replace(partial, ratio=1.0), shape, 1, LINKS)
+    assert "device_adam" not in full.parts and full.parts["cpu_adam"] > bound.parts["cpu_adam"]
 
 
 def test_plan_writes_a_spec_offloadlab_runs_and_configs_deepspeed_and_accelerate_read(tmp_path):
