@@ -18,6 +18,24 @@ from offloadlab.metrics import flops_per_token
 from offloadlab.model import Block, GPTConfig
 
 
+def best_seconds(run, repeats: int, cuda: bool) -> float:
+    """The fastest of `repeats` timed calls of `run`, after one untimed call (first touch, mapping, state
+    allocation and kernel choice are not the steady rate); with cuda, each call waits for the GPU."""
+
+    def call() -> None:
+        run()
+        if cuda:
+            torch.cuda.synchronize()
+
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 @dataclass(frozen=True)
 class PcieSpeed:
     host_to_device_gbps: float
@@ -31,19 +49,8 @@ def measure_pinned_copy(nbytes: int = 256 << 20, repeats: int = 5) -> PcieSpeed 
     host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
     device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
-    def best_seconds(copy) -> float:
-        copy()  # the first copy pays for mapping the buffers
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            copy()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    h2d = best_seconds(lambda: device.copy_(host, non_blocking=True))
-    d2h = best_seconds(lambda: host.copy_(device, non_blocking=True))
+    h2d = best_seconds(lambda: device.copy_(host, non_blocking=True), repeats, cuda=True)
+    d2h = best_seconds(lambda: host.copy_(device, non_blocking=True), repeats, cuda=True)
     return PcieSpeed(host_to_device_gbps=nbytes / h2d / 1e9, device_to_host_gbps=nbytes / d2h / 1e9)
 
 
@@ -57,11 +64,21 @@ def last_level_cache_bytes() -> int:
     return max(sizes, default=64 << 20)
 
 
-def beyond_caches(bytes_per_element: int, floor: int) -> int:
-    """Elements whose working set is 4x the last-level cache. A server CPU's L3 (300-480 MiB on the
-    machines here) can hold a smaller probe whole, and a step over billions of parameters runs at DRAM
-    speed, not the cache's."""
-    return max(floor, 4 * last_level_cache_bytes() // bytes_per_element)
+@dataclass(frozen=True)
+class HostProbe:
+    """The size of a host-rate probe. A server CPU's L3 (300-480 MiB on the machines here) can hold a small
+    probe whole, and a step over billions of parameters runs at DRAM speed, not the cache's: a probe
+    covers 4x the last-level cache, and at least `min_numel` elements."""
+
+    bytes_per_element: int
+    min_numel: int
+
+    def numel(self) -> int:
+        return max(self.min_numel, 4 * last_level_cache_bytes() // self.bytes_per_element)
+
+
+ADAM_PROBE = HostProbe(bytes_per_element=16, min_numel=8 << 20)  # fp32 parameter, gradient, m and v
+HOST_PASSES_PROBE = HostProbe(bytes_per_element=4 + 4 + 2, min_numel=32 << 20)  # fp32 gradient and master, 16-bit copy
 
 
 ADAM_KINDS = ("deepspeed-cpu", "torch", "fused")
@@ -73,8 +90,8 @@ def measure_adam_params_per_s(kind: str, device: str = "cpu", numel: int | None 
     DeepSpeed's FusedAdam on a GPU)."""
     if kind not in ADAM_KINDS:
         raise ValueError(f"unknown Adam kind {kind!r}: one of {', '.join(ADAM_KINDS)}")
-    if numel is None:  # fp32 parameter, gradient, m and v
-        numel = beyond_caches(16, 8 << 20) if device == "cpu" else 256 << 20
+    if numel is None:
+        numel = ADAM_PROBE.numel() if device == "cpu" else 256 << 20
     param = torch.zeros(numel, dtype=torch.float32, device=device, requires_grad=True)
     param.grad = torch.full_like(param, 1e-3)
     if kind == "deepspeed-cpu":
@@ -87,19 +104,7 @@ def measure_adam_params_per_s(kind: str, device: str = "cpu", numel: int | None 
         optimizer = DeepSpeedCPUAdam([param], lr=1e-4)
     else:
         optimizer = torch.optim.AdamW([param], lr=1e-4, fused=True if kind == "fused" else None)
-
-    def step() -> None:
-        optimizer.step()
-        if device != "cpu":
-            torch.cuda.synchronize()
-
-    step()  # state allocation and first-touch are not the steady rate
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - start)
-    return numel / best
+    return numel / best_seconds(optimizer.step, repeats, cuda=device != "cpu")
 
 
 def measure_host_passes_params_per_s(numel: int | None = None, repeats: int = 3) -> float:
@@ -107,7 +112,7 @@ def measure_host_passes_params_per_s(numel: int | None = None, repeats: int = 3)
     beside CPU Adam: gradient clipping scales the fp32 gradient partition in place, and the updated fp32
     master is copied into the 16-bit parameter buffer (stage_1_and_2.step, stage3.step). FSDP2 with CPU
     offload makes passes of the same cost (clip_grad_norm_'s norm and scale)."""
-    numel = numel or beyond_caches(4 + 4 + 2, 32 << 20)
+    numel = numel or HOST_PASSES_PROBE.numel()
     grad, master = torch.ones(numel), torch.ones(numel)
     half = torch.empty(numel, dtype=torch.bfloat16)
 
@@ -115,13 +120,7 @@ def measure_host_passes_params_per_s(numel: int | None = None, repeats: int = 3)
         grad.mul_(0.5)
         half.copy_(master)
 
-    passes()  # first touch of the pages is not the steady rate
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        passes()
-        best = min(best, time.perf_counter() - start)
-    return numel / best
+    return numel / best_seconds(passes, repeats, cuda=False)
 
 
 # A CPU takes seconds for one full-size block; the rate per FLOP holds at this size.
@@ -146,19 +145,9 @@ def measure_block_flops(cfg: GPTConfig, seq_len: int, micro_batch: int, precisio
     block = Block(cfg).to(device=device, dtype=dtype)
     x = torch.randn(micro_batch, seq_len, cfg.d_model, device=device, dtype=dtype, requires_grad=True)
 
-    def forward_backward() -> None:
-        block(x).sum().backward()
-        if cuda:
-            torch.cuda.synchronize()
-
-    forward_backward()  # kernels chosen and memory allocated on the first call
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        forward_backward()
-        best = min(best, time.perf_counter() - start)
+    seconds = best_seconds(lambda: block(x).sum().backward(), repeats, cuda)
     block_params = sum(p.numel() for p in block.parameters())
-    return flops_per_token(block_params, 1, cfg.d_model, seq_len) * micro_batch * seq_len / best
+    return flops_per_token(block_params, 1, cfg.d_model, seq_len) * micro_batch * seq_len / seconds
 
 
 def nvme_from_tune_store(tune_dir: Path) -> tuple[float, float, str] | None:

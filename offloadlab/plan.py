@@ -504,8 +504,6 @@ def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> Ste
         parts["nvme_params"] = param_nvme / links.nvme_read
     overlapped = max(parts.values())
     optimizer = _optimizer_phase(p, shape, world, links, moved["nvme_read"] - param_nvme, moved["nvme_write"])
-    if upload and links.pcie_h2d:
-        optimizer["param_upload"] = upload / links.pcie_h2d
     parts.update(optimizer)
     host = optimizer.get("cpu_adam", 0.0) + optimizer.get("host_passes", 0.0)
     seconds = overlapped + max(host, optimizer.get("nvme_optimizer", 0.0)) + optimizer.get("device_adam", 0.0) \
@@ -530,6 +528,9 @@ def _optimizer_phase(p: Placement, shape: Shape, world: int, links: Links, swap_
         out["device_adam"] = (on_rank - on_host) / links.device_adam_params_per_s
     if p.offload_optimizer == "nvme":
         out["nvme_optimizer"] = swap_read / links.nvme_read + swap_write / links.nvme_write
+    upload = param_upload_bytes(p, shape, world)
+    if upload and links.pcie_h2d:
+        out["param_upload"] = upload / links.pcie_h2d
     return out
 
 

@@ -83,11 +83,7 @@ class PlanInputs:
         shape = _shape(spec, cfg)
         machine = detect_machine(gpus or (spec.nproc if spec_path else None), gpu_mem_gib, host_mem_gib, nvme_path)
         tuned_dir = tuned_dir or _newest_tune()
-        if links is None:
-            links = cls._links(spec, cfg, nvme_path, tuned_dir, console)
-            if machine.gpu_mem_bytes is not None and links.pcie_h2d is None:
-                # Planning for a GPU this machine lacks: its CPU's Adam rate says nothing of that GPU's.
-                links = replace(links, device_adam_params_per_s=None, device_fused_adam_params_per_s=None)
+        links = links or cls._links(spec, cfg, machine, nvme_path, tuned_dir, console)
         if tflops:
             links = replace(links, flops_per_s=tflops * 1e12, flops_source="given with --tflops")
         if pcie_gbps:
@@ -104,7 +100,8 @@ class PlanInputs:
         return cls.gather(spec_path, None, 0, 0, 0, "bf16", None, None, None, None, tuned_dir, console)
 
     @staticmethod
-    def _links(spec: RunSpec, cfg: GPTConfig, nvme_path: Path | None, tuned_dir: Path | None, console: Console) -> Links:
+    def _links(spec: RunSpec, cfg: GPTConfig, machine: Machine, nvme_path: Path | None, tuned_dir: Path | None,
+               console: Console) -> Links:
         with console.status("measuring links: PCIe copy, Adam on CPU (DeepSpeed op, built on first use) and device, host passes, "
                             "one block's forward and backward, NVMe"):
             pcie = measure.measure_pinned_copy()
@@ -112,6 +109,13 @@ class PlanInputs:
             if nvme is None and nvme_path is not None:
                 nvme = measure.measure_nvme_quick(nvme_path)
             torch_cpu_adam = measure.measure_adam_params_per_s("torch")
+            if pcie:
+                device_adam = (measure.measure_adam_params_per_s("torch", "cuda"),
+                               measure.measure_adam_params_per_s("fused", "cuda"))
+            elif machine.gpu_mem_bytes is None:  # the CPU is the device
+                device_adam = (torch_cpu_adam, measure.measure_adam_params_per_s("fused"))
+            else:  # planning for a GPU this machine lacks: its CPU's Adam says nothing of that GPU's
+                device_adam = (None, None)
             return Links(
                 nvme_read=nvme[0] if nvme else None, nvme_write=nvme[1] if nvme else None,
                 nvme_source=nvme[2] if nvme else "no --nvme given: NVMe placements get no step bound",
@@ -119,8 +123,7 @@ class PlanInputs:
                 pcie_d2h=pcie.device_to_host_gbps * 1e9 if pcie else None,
                 cpu_adam_params_per_s=measure.measure_adam_params_per_s("deepspeed-cpu"),
                 torch_cpu_adam_params_per_s=torch_cpu_adam,
-                device_adam_params_per_s=measure.measure_adam_params_per_s("torch", "cuda") if pcie else torch_cpu_adam,
-                device_fused_adam_params_per_s=measure.measure_adam_params_per_s("fused", "cuda" if pcie else "cpu"),
+                device_adam_params_per_s=device_adam[0], device_fused_adam_params_per_s=device_adam[1],
                 host_passes_params_per_s=measure.measure_host_passes_params_per_s(),
                 flops_per_s=measure.measure_block_flops(cfg, spec.seq_len, spec.micro_batch, spec.precision),
                 flops_source=BLOCK_MEASURED,
