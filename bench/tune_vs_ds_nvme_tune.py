@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from offloadlab.aio_bench import AioBench, AioPoint
+from offloadlab.preflight import load_async_io
 from offloadlab.tune import READ_SHARE, mixed_score
 
 DS_IO_SIZE = 400 * 1024 * 1024  # ds_nvme_tune's default --io_size "400M"
@@ -39,10 +40,9 @@ WORKLOAD = "both"  # `offloadlab tune`'s default
 
 
 def warm_async_io() -> float:
-    from deepspeed.ops.op_builder import AsyncIOBuilder
-
+    """Seconds to build (or load) the async_io op, through the same preflight as `tune`."""
     start = time.perf_counter()
-    AsyncIOBuilder().load(verbose=False)
+    load_async_io()
     return time.perf_counter() - start
 
 
@@ -162,11 +162,13 @@ def print_report(console: Console, nvme: Path, build_s: float, ours: dict, ds: d
         if "config" not in r:
             table.add_row(name, wall, "no point finished", "-", "-", "-", "-", "-")
             continue
-        m = again[label]
         own_write = "-" if r.get("write_gbps") is None else f"{r['write_gbps']:.2f}"
-        table.add_row(name, wall, _config_label(r["config"]), f"{r['read_gbps']:.2f}", own_write,
-                      f"{m['read_gbps']:.2f} ({m['read_min']:.2f}-{m['read_max']:.2f})",
-                      f"{m['write_gbps']:.2f} ({m['write_min']:.2f}-{m['write_max']:.2f})", f"{m['score_gbps']:.2f}")
+        # No same-harness figures when ds_nvme_tune finished no point: there is nothing to compare against.
+        m = again[label] if again else None
+        same = ("-", "-", "-") if m is None else (f"{m['read_gbps']:.2f} ({m['read_min']:.2f}-{m['read_max']:.2f})",
+                                                  f"{m['write_gbps']:.2f} ({m['write_min']:.2f}-{m['write_max']:.2f})",
+                                                  f"{m['score_gbps']:.2f}")
+        table.add_row(name, wall, _config_label(r["config"]), f"{r['read_gbps']:.2f}", own_write, *same)
     console.print(table)
     if again is None:
         return {}
