@@ -70,6 +70,16 @@ def world2(tmp_path_factory, nvme_root) -> Path:
     return folder / "run"
 
 
+def load_bench(name: str):
+    """A script of bench/ as a module, for tests of its own logic."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def start_cli(*args: str) -> subprocess.Popen:
     """The CLI started in the background of a test, as from a terminal, so SIGINT is a Ctrl-C.
 

@@ -14,7 +14,7 @@ from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-from conftest import cli, write_spec
+from conftest import cli, load_bench, write_spec
 from offloadlab.model import PRESETS
 from offloadlab.plan import (GiB, Links, Machine, Placement, Shape, deepspeed_model_states, deepspeed_sub_groups, plan,
                              predict, step_bytes, step_time_bound, why_winner)
@@ -222,15 +222,6 @@ def test_on_a_cpu_only_machine_the_device_adam_is_the_cpus_own(tmp_path):
     assert links["device_fused_adam_params_per_s"] > 0
 
 
-def _bench(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_predicted_nvme_bytes_per_step_hold_on_a_real_zero_infinity_run(tmp_path, nvme_root):
     """bench/plan_accuracy at CI size: the swap traffic of a real ZeRO-3 NVMe run within the goal's 5%."""
     from rich.console import Console
@@ -242,7 +233,7 @@ def test_predicted_nvme_bytes_per_step_hold_on_a_real_zero_infinity_run(tmp_path
     spec = write_spec(tmp_path, strategies, nvme_path=str(nvme_root), model=dict(preset="small-cpu"), seq_len=64,
                       steps=4, verify_checkpoint=False)
     cli("run", str(spec), "--out", str(tmp_path / "run"))
-    rows = {r["strategy"]: r for r in _bench("plan_accuracy").compare(spec, tmp_path / "run", Console(quiet=True))}
+    rows = {r["strategy"]: r for r in load_bench("plan_accuracy").compare(spec, tmp_path / "run", Console(quiet=True))}
     for row in rows.values():
         for key in ("nvme_read", "nvme_write"):
             assert row[f"{key}_measured"] == pytest.approx(row[f"{key}_predicted"], rel=0.05), (row["strategy"], key)
