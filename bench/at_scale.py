@@ -179,6 +179,10 @@ def write_markdown(results: Path, spec: Path, started: float) -> None:
 def render(spec: Path, results: Path) -> None:
     """The tables of a run whose at_scale was cut off before it wrote them, but for the plan's accuracy:
     its links would be this machine's, not the run's (bench/plan_accuracy.py --store --links for that)."""
+    missing = [name for name in (DB_NAME, "spec.toml", "tune.json") if not (results / name).is_file()]
+    if missing:
+        raise SystemExit(f"--from-results: {results} lacks {', '.join(missing)}; give the folder a cut-off "
+                         "at_scale run wrote (its store, spec.toml and tune.json)")
     started = time.time()
     show_results(results / "spec.toml", results, json.loads((results / "tune.json").read_text()), None, spec)
     write_markdown(results, spec, started)

@@ -43,3 +43,11 @@ def test_tuner_comparison_reports_when_ds_nvme_tune_finished_no_point():
     assert compare.print_report(console, Path("X"), 1.0, ours, stopped, None, "offloadlab tune") == {}
     text = console.export_text()
     assert "no point finished" in text and "bs=1024K qd=8" in text
+
+
+def test_at_scale_from_results_names_what_a_folder_lacks(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "bench/at_scale.py"), str(REPO / "configs/gpt1.4b_h200.toml"),
+                           "--results", str(tmp_path), "--from-results"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "lacks offloadlab.sqlite, spec.toml, tune.json" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written
