@@ -156,7 +156,7 @@ def digest_checkpoint_files(folder: Path) -> dict[str, str]:
             # The client state's step is -1 for a digest save; progress is compared separately.
             if isinstance(state, dict):
                 state.pop("step", None)
-            digest_tree(state, rel, out, _digest_then_unmap)
+            digest_tree(state, rel, out, _digest_dropping_pages)
         else:
             with path.open("rb") as f:  # NVMe swap files run to GBs: hashed in chunks
                 out[rel] = hashlib.file_digest(f, "sha256").hexdigest()[:16]
@@ -167,7 +167,7 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 _MADV_DONTNEED = 4
 
 
-def _digest_then_unmap(tensor: torch.Tensor) -> str:
+def _digest_dropping_pages(tensor: torch.Tensor) -> str:
     """Hash a tensor mapped from a checkpoint file, dropping each chunk's pages from this process once hashed.
 
     Mapped pages count in the resident set (and so in the run's host RSS peak) until dropped; torch.load
