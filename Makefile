@@ -4,17 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.offloadlab-installed
 
-# DeepSpeed's JIT-built ops live with the venv they were built for: two checkouts sharing
-# ~/.cache/torch_extensions would rebuild them for each other on every switch.
-export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch_extensions
-
 .PHONY: setup demo test clean
 
 setup: $(STAMP)
 
 # torch is pinned to the CPU wheel this machine class carries; an open range would pull a multi-GB CUDA
-# build. DeepSpeed is an sdist that must see that torch while it builds, hence --no-build-isolation; its
-# ops JIT-build on first use. libaio-dev is what DeepSpeed's async_io op compiles against.
+# build. DeepSpeed is an sdist that must see that torch while it builds, hence --no-build-isolation.
+# Its ops (compiled C++) are built here, once, into the venv's own folder, so that no run, tune, plan or
+# test waits on a compiler. libaio-dev is what DeepSpeed's async_io op compiles against.
 $(STAMP): pyproject.toml
 	@if [ ! -e /usr/include/libaio.h ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq libaio-dev; \
@@ -24,6 +21,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation deepspeed==0.19.8
 	$(BIN)/pip install -q --no-build-isolation -e '.[dev]'
+	@echo "building DeepSpeed's compiled ops once for this venv (about 5 minutes on 2 cores)"
+	$(BIN)/offloadlab doctor --build
 	touch $(STAMP)
 
 demo: setup

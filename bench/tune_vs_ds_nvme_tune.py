@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from offloadlab.aio_bench import AioBench, AioPoint
-from offloadlab.preflight import load_async_io
+from offloadlab.ops import load_op
 from offloadlab.tune import READ_SHARE, mixed_score
 
 DS_IO_SIZE = 400 * 1024 * 1024  # ds_nvme_tune's default --io_size "400M"
@@ -42,7 +42,7 @@ WORKLOAD = "both"  # `offloadlab tune`'s default
 def warm_async_io() -> float:
     """Seconds to build (or load) the async_io op, through the same preflight as `tune`."""
     start = time.perf_counter()
-    load_async_io()
+    load_op("async_io")
     return time.perf_counter() - start
 
 

@@ -62,9 +62,9 @@ def check_io_size(io_size: int, point: AioPoint) -> None:
 
 
 def _handle(point: AioPoint):
-    from deepspeed.ops.op_builder import AsyncIOBuilder
+    from offloadlab.ops import load_op
 
-    return AsyncIOBuilder().load(verbose=False).aio_handle(
+    return load_op("async_io").aio_handle(
         block_size=point.block_size,
         queue_depth=point.queue_depth,
         single_submit=point.single_submit,

@@ -73,9 +73,14 @@ def run(spec_path: Path, out: Path | None, keep_checkpoints: bool, nnodes: int, 
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopped the running strategy and removed its NVMe and checkpoint folders[/]")
         sys.exit(130)
-    store = RunStore(run_dir)
-    console.print(compare_table(run_dir, summarize(store)))
+    summaries = summarize(RunStore(run_dir))
+    console.print(compare_table(run_dir, summaries))
     console.print(f"run store: {run_dir}")
+    # "does not fit" is an answer about the model; a failure or an unverified restore is something to fix.
+    broken = [s.name for s in summaries if s.status == "failed" or s.checkpoint_verified is False]
+    if broken:
+        console.print(f"[bold red]failed:[/] {', '.join(broken)} (reasons above; logs in {run_dir / 'logs'})")
+        sys.exit(1)
 
 
 @main.command()
@@ -127,6 +132,7 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from offloadlab.aio_bench import DEEPSPEED_DEFAULT
+    from offloadlab.ops import announce_on
     from offloadlab.store import RunStore
     from offloadlab.swap_buffers import plan_swap_buffers
     from offloadlab.tune import READ_SHARE, Tuner, TuneSettings
@@ -143,7 +149,7 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
     try:
         spec = load_spec(spec_path) if spec_path else None
         nvme_strategy = _nvme_param_strategy(spec) if spec else None
-        tuner = Tuner(nvme_path, workload, settings)
+        tuner = Tuner(nvme_path, workload, settings, announce_build=announce_on(console))
         out_dir.mkdir(parents=True, exist_ok=True)
         # Points go to the store as they are measured, so `offloadlab tui` shows the sweep live.
         store = RunStore(out_dir, create_schema=True)
@@ -250,6 +256,26 @@ def plan(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, g
             console.print(breakdown_table(pick))
         for path in write_plan(pick, inputs.spec, write_dir, inputs.tuned_fragment):
             console.print(f"wrote {path}")
+
+
+@main.command()
+@click.option("--nvme", "nvme_path", type=click.Path(path_type=Path), help="Also check this NVMe folder.")
+@click.option("--build", is_flag=True, help="Build DeepSpeed's ops that are not built yet (what make setup runs).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor(nvme_path: Path | None, build: bool, as_json: bool) -> None:
+    """Versions, DeepSpeed's ops, libaio, locked-memory limits, GPUs, RAM and disk: paste it into bug reports."""
+    from offloadlab.doctor import as_json as findings_json, diagnose, findings_table
+    from offloadlab.ops import announce_on
+
+    if as_json:
+        _stdout_for_json_only()
+    findings = diagnose(nvme_path, build, announce_on(console))
+    if as_json:
+        click.echo(json.dumps(findings_json(findings), indent=2))
+    else:
+        console.print(findings_table(findings))
+    if build and any(f.check.startswith("op ") and not f.ok for f in findings):
+        sys.exit(1)
 
 
 @main.command()

@@ -97,10 +97,9 @@ def measure_adam_params_per_s(kind: str, device: str = "cpu", numel: int | None 
     if kind == "deepspeed-cpu":
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        from offloadlab.preflight import check_build_lock
+        from offloadlab.ops import load_op
 
-        check_build_lock("cpu_adam")  # the op JIT-builds on first use; a killed build's lock would hang here
-
+        load_op("cpu_adam")
         optimizer = DeepSpeedCPUAdam([param], lr=1e-4)
     else:
         optimizer = torch.optim.AdamW([param], lr=1e-4, fused=True if kind == "fused" else None)
@@ -173,12 +172,13 @@ def measure_nvme_quick(nvme_path: Path, io_size: int = 64 << 20) -> tuple[float,
     import uuid
 
     from offloadlab.aio_bench import DEEPSPEED_DEFAULT, AioBench
-    from offloadlab.preflight import check_direct_io, check_directory, check_free_disk, load_async_io
+    from offloadlab.ops import load_op
+    from offloadlab.preflight import check_direct_io, check_directory, check_free_disk
 
     check_directory(nvme_path, "--nvme")
     check_direct_io(nvme_path, "--nvme")
     check_free_disk(nvme_path, io_size + (256 << 20), "--nvme")
-    load_async_io()
+    load_op("async_io")
     work = nvme_path / f"offloadlab-plan-{uuid.uuid4().hex[:8]}"
     work.mkdir()
     try:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from offloadlab import links as measure
 from offloadlab.model import GPTConfig, gpt_config
+from offloadlab.ops import announce_on, ensure_built
 from offloadlab.plan import GiB, Links, Machine, Prediction, Shape, SwapBuffers, buffers_for
 from offloadlab.spec import DeepSpeedStrategy, ModelSpec, RunSpec, SpecError, load_spec, parse_spec
 from offloadlab.store import DB_NAME
@@ -102,7 +103,8 @@ class PlanInputs:
     @staticmethod
     def _links(spec: RunSpec, cfg: GPTConfig, machine: Machine, nvme_path: Path | None, tuned_dir: Path | None,
                console: Console) -> Links:
-        with console.status("measuring links: PCIe copy, Adam on CPU (DeepSpeed op, built on first use) and device, host passes, "
+        ensure_built(("cpu_adam", "async_io") if nvme_path is not None else ("cpu_adam",), announce_on(console))
+        with console.status("measuring links: PCIe copy, Adam on CPU (DeepSpeed's op) and device, host passes, "
                             "one block's forward and backward, NVMe"):
             pcie = measure.measure_pinned_copy()
             nvme = measure.nvme_from_tune_store(tuned_dir) if tuned_dir else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
-import time
+import sys
 import uuid
 from pathlib import Path
 
@@ -77,67 +77,12 @@ def check_free_disk(path: Path, needed_bytes: int, role: str) -> None:
 
 
 def choose_deepspeed_accelerator() -> None:
-    """Before DeepSpeed is first imported: its accelerator is picked once, at import."""
+    """Before DeepSpeed is first imported: its accelerator is picked once, at import. Its ops build into
+    the venv's own folder (see offloadlab.ops), whoever loads them first."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if _has_cuda() else "cpu")
-
-
-def check_libaio() -> None:
-    choose_deepspeed_accelerator()
-    from deepspeed.ops.op_builder import AsyncIOBuilder
-
-    if not AsyncIOBuilder().is_compatible(verbose=False):
-        raise PreflightError(
-            "DeepSpeed's async_io op cannot be built: libaio is missing. Install it "
-            "(Debian/Ubuntu: apt-get install libaio-dev; RHEL: dnf install libaio-devel), then retry"
-        )
-
-
-# torch takes the lock, writes build.ninja and starts ninja within this; a younger lock may be a build
-# that is only starting.
-BUILD_LOCK_GRACE_S = 30
-
-
-def _someone_builds_in(build_dir: Path) -> bool:
-    """torch runs ninja (and ninja the compilers) with the build directory as working directory."""
-    for proc in psutil.process_iter():
-        try:
-            cwd = Path(proc.cwd())
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, FileNotFoundError):
-            # One we may not inspect is another user's, and builds go to each user's own extensions folder.
-            continue
-        if cwd == build_dir or build_dir in cwd.parents:
-            return True
-    return False
-
-
-def check_build_lock(op_name: str) -> None:
-    """Fail on a JIT build lock that no live build holds, instead of hanging in torch's FileBaton.
-
-    A build killed part-way (a Ctrl-C, a timeout, a job's end) leaves its lock, and torch waits on it forever.
-    """
-    from torch.utils.cpp_extension import _get_build_directory
-
-    build_dir = Path(_get_build_directory(op_name, verbose=False)).resolve()
-    lock = build_dir / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age > BUILD_LOCK_GRACE_S and not _someone_builds_in(build_dir):
-        raise PreflightError(
-            f"{lock} was left by a build of DeepSpeed's {op_name} op that is no longer running (no process works "
-            f"in {build_dir}; the lock is {age / 60:.0f} min old), and every later build would wait on it forever: "
-            "delete that file and retry"
-        )
-
-
-def load_async_io():
-    """DeepSpeed's async_io op, built now if needed, so a first-use build is never timed as I/O."""
-    check_libaio()
-    check_build_lock("async_io")
-    from deepspeed.ops.op_builder import AsyncIOBuilder
-
-    return AsyncIOBuilder().load(verbose=False)
+    if "TORCH_EXTENSIONS_DIR" not in os.environ and os.access(sys.prefix, os.W_OK):
+        # In the environment, so torch and every process started from here (torchrun, the ranks) agree.
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(Path(sys.prefix) / "torch_extensions")
 
 
 def check_buffer_fits_largest_param(strategy: DeepSpeedStrategy, largest_param_numel: int) -> None:
@@ -211,15 +156,13 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> None:
     from offloadlab.model import gpt_config
 
     shape = gpt_config(spec.model, spec.seq_len) if spec.model.hf_config is None else None
-    deepspeed = [s for s in spec.strategy if isinstance(s, DeepSpeedStrategy)]
-    if any(s.offload_optimizer != "none" for s in deepspeed):
-        check_build_lock("cpu_adam")
-    nvme = [s for s in deepspeed if s.uses_nvme]
+    nvme = [s for s in spec.strategy if s.uses_nvme]
     if nvme:
         check_directory(spec.nvme_path, "nvme_path")
         check_direct_io(spec.nvme_path, "nvme_path")
-        # Built here once rather than by the first rank that needs it, inside a torchrun job.
-        load_async_io()
+        from offloadlab.ops import check_libaio
+
+        check_libaio()
     if shape is None:
         return
     for strategy in nvme:
@@ -227,18 +170,46 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> None:
     check_disk_for_run(spec, run_dir, shape.n_params)
 
 
-def check_pinned_memory(pinned_bytes: int) -> None:
-    """Page-locked buffers need RAM that is free now and, without CAP_IPC_LOCK, a high enough `ulimit -l`."""
+CAP_IPC_LOCK = 14  # linux/capability.h
+
+
+def has_cap_ipc_lock(status: Path = Path("/proc/self/status")) -> bool:
+    """Whether this process may lock memory beyond RLIMIT_MEMLOCK. Being root is not enough: a container
+    (Docker's default) drops the capability and keeps a 64 KiB-8 MiB limit."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
+    except OSError:
+        pass
+    return False
+
+
+def memlock_limit_bytes() -> int | None:
+    """Bytes this process may page-lock (`ulimit -l`); None when unlimited."""
     import resource
 
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY or has_cap_ipc_lock() else soft
+
+
+def pinned_memory_budget_bytes() -> int:
+    """What page-locked buffers may take: 80% of the RAM available now, within `ulimit -l`."""
+    budget = int(0.8 * psutil.virtual_memory().available)
+    limit = memlock_limit_bytes()
+    return budget if limit is None else min(budget, limit)
+
+
+def check_pinned_memory(pinned_bytes: int) -> None:
+    """Page-locked buffers need RAM that is free now and, without CAP_IPC_LOCK, a high enough `ulimit -l`."""
     available = psutil.virtual_memory().available
     if pinned_bytes > 0.8 * available:
         raise PreflightError(
             f"{pinned_bytes / 2**30:.1f} GiB of pinned buffers asked for, {available / 2**30:.1f} GiB of RAM available: "
             "lower buffer_count/buffer_size (or io size) or free memory"
         )
-    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    if os.geteuid() != 0 and soft != resource.RLIM_INFINITY and pinned_bytes > soft:
+    soft = memlock_limit_bytes()
+    if soft is not None and pinned_bytes > soft:
         raise PreflightError(
             f"ulimit -l is {soft // 1024} KiB but {pinned_bytes // 1024} KiB must be page-locked: raise it "
             "(ulimit -l unlimited, or memlock in /etc/security/limits.conf) and start a new shell"

@@ -21,6 +21,7 @@ import tomli_w
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from offloadlab.ops import announce_on, ensure_built
 from offloadlab.preflight import preflight_run
 from offloadlab.spec import FSDP2Strategy, RunSpec, SpecError
 from offloadlab.store import RunStore
@@ -152,7 +153,7 @@ class Runner:
         label = {"done": "[green]done[/]", "does_not_fit": "[yellow]does not fit[/]"}.get(row["status"], "[red]failed[/]")
         progress.update(task, description=f"{job.name:<18} {label}")
         if row["reason"]:
-            self.console.print(f"  {job.name}: {row['reason']} (log: {job.log})")
+            self.console.print(f"  {job.name}: {row['status'].replace('_', ' ')}: {row['reason']} (log: {job.log})")
 
     def _restores_at_world_1(self, job: StrategyJob) -> bool:
         """FSDP2's DCP checkpoints reshard on load; DeepSpeed's need its universal-checkpoint conversion
@@ -220,6 +221,8 @@ class Runner:
 def run_spec(spec: RunSpec, out: Path | None, launch: Launch, console: Console, keep_checkpoints: bool = False) -> Path:
     run_dir = new_run_dir(spec, out)
     preflight_run(spec, run_dir)
+    # Built here, once, with the wait explained, rather than by the first rank that needs it inside a job.
+    ensure_built((op for s in spec.strategy for op in s.ops_needed), announce_on(console))
     run_dir.mkdir(parents=True, exist_ok=True)
     Runner(spec, run_dir, launch, console, keep_checkpoints).run()
     return run_dir

@@ -110,6 +110,13 @@ class DeepSpeedStrategy(_Strict):
     def uses_nvme(self) -> bool:
         return "nvme" in (self.offload_optimizer, self.offload_param)
 
+    @property
+    def ops_needed(self) -> tuple[str, ...]:
+        """DeepSpeed's compiled ops this strategy loads: its CPU Adam when the optimizer is offloaded, else
+        FusedAdam; aio when anything swaps to NVMe; the CPU accelerator's shared-memory collectives."""
+        adam = "cpu_adam" if self.offload_optimizer != "none" else "fused_adam"
+        return (adam, "deepspeed_shm_comm") + (("async_io",) if self.uses_nvme else ())
+
 
 class FSDP2Strategy(_Strict):
     name: str
@@ -122,6 +129,10 @@ class FSDP2Strategy(_Strict):
     @property
     def uses_nvme(self) -> bool:
         return False
+
+    @property
+    def ops_needed(self) -> tuple[str, ...]:
+        return ()
 
 
 Strategy = Annotated[Union[DeepSpeedStrategy, FSDP2Strategy], Field(discriminator="engine")]

@@ -6,7 +6,6 @@ import json
 import math
 import re
 import signal
-import time
 from pathlib import Path
 
 import psutil

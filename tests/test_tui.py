@@ -14,7 +14,6 @@ import sqlite3
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from textual.widgets import DataTable, Sparkline, Static
 

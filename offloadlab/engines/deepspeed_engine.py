@@ -6,7 +6,6 @@ import ctypes
 import hashlib
 import logging
 import mmap
-import os
 import re
 from pathlib import Path
 
@@ -16,6 +15,8 @@ import torch
 from offloadlab.data import Batch
 from offloadlab.engines.base import DistContext, Engine, digest_tree, global_mean, lm_loss, tensor_digest
 from offloadlab.model import build_model
+from offloadlab.ops import load_op
+from offloadlab.preflight import choose_deepspeed_accelerator
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
 
 CHECKPOINT_TAG = "state"
@@ -184,7 +185,9 @@ def _drop_pages(chunk: np.ndarray) -> None:
 
 
 def build_deepspeed(spec: RunSpec, strategy: DeepSpeedStrategy, ctx: DistContext, nvme_dir: Path | None) -> DeepSpeedEngine:
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if ctx.device.type == "cuda" else "cpu")
+    choose_deepspeed_accelerator()
+    for op in strategy.ops_needed:  # through offloadlab's build lock; DeepSpeed then reuses what is loaded
+        load_op(op)
     import deepspeed
     from deepspeed.utils import logger as ds_logger
 

@@ -1,0 +1,190 @@
+"""DeepSpeed's compiled ops (Adam, aio, CPU collectives): built once per venv at setup, afterwards only loaded.
+
+DeepSpeed JIT-builds its ops through torch.utils.cpp_extension on first use. `load_op` is the one place
+offloadlab loads one, and it removes the three ways that build hung or repeated itself:
+- torch's build lock is a file made with O_EXCL. A build killed part-way leaves it; every later load
+  waits on it forever, and once someone deletes it the waiter imports a .so that was never built. Here
+  loads are serialized by an flock, which the kernel releases when its holder dies; under it, a torch
+  lock file is stale unless a process outside offloadlab is building in that folder, and is removed.
+- ninja keeps a hash of each command in .ninja_log, in a format that changed in ninja 1.12: the venv's
+  ninja (DeepSpeed's `ninja` dependency, on PATH once the venv is activated) and an older system ninja
+  each read the other's log as "every command changed" and rebuild everything. Loads here always run the
+  venv's ninja, and the C++ compiler is always `c++` (torch puts $CXX into every command).
+- torch's default extensions folder is per user and shared by every venv; the venv's own folder is used,
+  so two checkouts never rebuild for each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import ContextManager
+
+import psutil
+
+from offloadlab.preflight import PreflightError, choose_deepspeed_accelerator
+
+# Each op's DeepSpeed builder class. An accelerator may lack one (the shared-memory collectives exist
+# on the CPU accelerator only, where every DeepSpeed process group loads them): there it is not needed.
+BUILDERS = {"cpu_adam": "CPUAdamBuilder", "fused_adam": "FusedAdamBuilder", "async_io": "AsyncIOBuilder",
+            "deepspeed_shm_comm": "ShareMemCommBuilder"}
+OPS = tuple(BUILDERS)
+BUILD_TIME = {"cpu_adam": "about a minute", "fused_adam": "about a minute", "async_io": "a few minutes",
+              "deepspeed_shm_comm": "under a minute"}
+LOCK_FILE = "offloadlab-build.lock"
+
+# What to show while an op builds; called with the op's name only when a build is about to start.
+Announce = Callable[[str], ContextManager]
+
+_loaded: dict[str, object] = {}
+
+
+def build_folders(name: str) -> list[Path]:
+    """The folders an op's load builds into (torch's own answer: its default root has a python- and
+    CUDA-specific name). On the CPU accelerator async_io loads pin_memory first, which holds the
+    pinned-tensor manager."""
+    choose_deepspeed_accelerator()
+    from torch.utils.cpp_extension import _get_build_directory
+
+    names = ["pin_memory", name] if name == "async_io" and os.environ["DS_ACCELERATOR"] == "cpu" else [name]
+    return [Path(_get_build_directory(n, verbose=False)) for n in names]
+
+
+def _venv_ninja() -> Path:
+    import ninja
+
+    return Path(ninja.BIN_DIR) / "ninja"
+
+
+def on_this_accelerator(name: str) -> bool:
+    return _builder(name) is not None
+
+
+def is_built(name: str) -> bool:
+    """True when the op's library exists and ninja has nothing to redo for it (or the accelerator has none)."""
+    if not on_this_accelerator(name):
+        return True
+    for folder in build_folders(name):
+        if not (folder / f"{folder.name}.so").is_file() or not (folder / "build.ninja").is_file():
+            return False
+        dry_run = subprocess.run([str(_venv_ninja()), "-n", "-C", str(folder)], capture_output=True, text=True)
+        if dry_run.returncode != 0 or "no work to do" not in dry_run.stdout:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path) -> Iterator[None]:
+    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies, unlike torch's lock
+        yield
+    finally:
+        os.close(fd)
+
+
+def _someone_builds_in(folder: Path) -> bool:
+    """torch runs ninja (and ninja the compilers) with the build folder as working directory."""
+    for proc in psutil.process_iter():
+        try:
+            cwd = Path(proc.cwd())
+        except (psutil.Error, FileNotFoundError):
+            continue  # gone, or another user's (who builds in their own extensions folder)
+        if cwd == folder or folder in cwd.parents:
+            return True
+    return False
+
+
+def _clear_stale_torch_lock(folder: Path) -> None:
+    """Under the flock no offloadlab process builds, so torch's lock file is either a foreign build's (a
+    process works in the folder: wait for it, as torch would) or a dead one's (remove it, so the build is
+    redone instead of importing a library that was never finished)."""
+    lock = folder / "lock"
+    while lock.exists() and _someone_builds_in(folder):
+        time.sleep(1)
+    lock.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _pinned_build_env() -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in ("PATH", "CXX")}
+    os.environ["PATH"] = f"{_venv_ninja().parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    os.environ["CXX"] = "c++"
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _builder(name: str):
+    """DeepSpeed's builder for the op on this accelerator, or None where the accelerator has no such op."""
+    choose_deepspeed_accelerator()
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().create_op_builder(BUILDERS[name])
+
+
+def check_libaio() -> None:
+    if not _builder("async_io").is_compatible(verbose=False):
+        raise PreflightError(
+            "DeepSpeed's async_io op cannot be built: libaio is missing. Install it "
+            "(Debian/Ubuntu: apt-get install libaio-dev; RHEL: dnf install libaio-devel), then retry"
+        )
+
+
+def load_op(name: str, announce: Announce | None = None):
+    """The op's module, built first if needed (with `announce(name)` shown meanwhile). DeepSpeed keeps
+    what is loaded here and hands it to its own callers in this process, so they never build."""
+    if name in _loaded:
+        return _loaded[name]
+    if not on_this_accelerator(name):
+        return None
+    if name == "async_io":
+        check_libaio()
+    folders = build_folders(name)
+    with _build_lock(folders[0].parent):
+        for folder in folders:
+            _clear_stale_torch_lock(folder)
+        shown = announce(name) if announce is not None and not is_built(name) else contextlib.nullcontext()
+        with shown, _pinned_build_env():
+            try:
+                _loaded[name] = _builder(name).load(verbose=False)
+            except (RuntimeError, ImportError, OSError) as err:
+                # torch puts the compiler's whole output into the message: keep it in a file, name it here.
+                log = folders[-1] / "offloadlab-build-error.log"
+                log.write_text(f"{type(err).__name__}: {err}\n")
+                first_line = (str(err).strip() or type(err).__name__).splitlines()[0]
+                raise PreflightError(
+                    f"DeepSpeed's {name} op did not build or load ({first_line}); the compiler's output is in "
+                    f"{log}. Run 'offloadlab doctor' and include its output in a bug report"
+                ) from err
+    return _loaded[name]
+
+
+def ensure_built(names, announce: Announce | None = None) -> None:
+    """Build what is not built yet, without loading what is (a parent process only starts the ranks)."""
+    for name in dict.fromkeys(names):
+        if not is_built(name):
+            load_op(name, announce)
+
+
+def announce_on(console) -> Announce:
+    """A spinner on a terminal; one line where output is a log, so the wait is explained there too."""
+
+    def announce(name: str) -> ContextManager:
+        message = f"building DeepSpeed's {name} op (first use, {BUILD_TIME[name]})"
+        if console.is_terminal:
+            return console.status(message)
+        console.print(message)
+        return contextlib.nullcontext()
+
+    return announce
