@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import signal
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from offloadlab.spec import SpecError, load_spec
 
@@ -19,8 +22,36 @@ console = Console() if sys.stdout.isatty() else Console(width=180)
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(f"[bold red]error:[/] {escape(message)}")
     sys.exit(2)
+
+
+@contextlib.contextmanager
+def _reading_store(run_dir: Path):
+    """Anything that is not a readable run store (missing, empty, corrupt, another program's, a tune's)
+    ends the command with one line, not a traceback."""
+    import sqlite3
+
+    from offloadlab.store import StoreError
+
+    try:
+        yield
+    except (StoreError, LookupError) as err:
+        _fail(str(err))
+    except sqlite3.DatabaseError as err:
+        _fail(f"{run_dir}: the run store cannot be read ({err}): corrupt or truncated")
+
+
+def _read_summaries(run_dir: Path):
+    from offloadlab.compare import summarize
+    from offloadlab.store import RunStore
+
+    with _reading_store(run_dir):
+        store = RunStore(run_dir)
+        try:
+            return summarize(store)
+        finally:
+            store.close()
 
 
 def _stdout_for_json_only() -> None:
@@ -39,15 +70,16 @@ def _stdout_for_json_only() -> None:
     console.file = sys.stderr
 
 
-def _sigterm_as_interrupt(signum, frame) -> None:
-    # A SIGTERM (a scheduler's kill, `timeout`) cleans up the same way Ctrl-C does.
+def _signal_as_interrupt(signum, frame) -> None:
+    # A SIGTERM (a scheduler's kill, `timeout`) or a SIGHUP (the terminal closed) cleans up as Ctrl-C does.
     raise KeyboardInterrupt
 
 
 @click.group()
 def main() -> None:
     """Fit, tune and compare DeepSpeed ZeRO-Infinity and FSDP2 offload on the same model."""
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    signal.signal(signal.SIGTERM, _signal_as_interrupt)
+    signal.signal(signal.SIGHUP, _signal_as_interrupt)
 
 
 @main.command()
@@ -58,28 +90,35 @@ def main() -> None:
 @click.option("--node-rank", default=0, show_default=True)
 @click.option("--master-addr", help="Address of node 0, for several hosts.")
 @click.option("--master-port", default=29500, show_default=True)
+@click.option("--force", is_flag=True, help="Run even when the plan says no strategy fits this machine.")
 def run(spec_path: Path, out: Path | None, keep_checkpoints: bool, nnodes: int, node_rank: int,
-        master_addr: str | None, master_port: int) -> None:
+        master_addr: str | None, master_port: int, force: bool) -> None:
     """Train every strategy of SPEC_PATH side by side, verify checkpoints, and print the comparison."""
-    from offloadlab.compare import compare_table, summarize
+    import sqlite3
+
+    from offloadlab.compare import compare_table
     from offloadlab.runner import Launch, run_spec
-    from offloadlab.store import RunStore
 
     try:
         spec = load_spec(spec_path)
-        run_dir = run_spec(spec, out, Launch(nnodes, node_rank, master_addr, master_port), console, keep_checkpoints)
+        run_dir = run_spec(spec, out, Launch(nnodes, node_rank, master_addr, master_port), console, keep_checkpoints,
+                           force)
     except SpecError as err:
         _fail(str(err))
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted: stopped the running strategy and removed its NVMe and checkpoint folders[/]")
-        sys.exit(130)
-    summaries = summarize(RunStore(run_dir))
+        sys.exit(130)  # the runner said what it stopped and removed
+    except sqlite3.OperationalError as err:  # the run store's disk filled: the runner cleaned up first
+        console.print(f"[bold red]error:[/] the run stopped: its store could not be written ({escape(str(err))}); "
+                      "free space on the run folder's drive (or pass --out on another) and run again")
+        sys.exit(1)
+    summaries = _read_summaries(run_dir)
     console.print(compare_table(run_dir, summaries))
-    console.print(f"run store: {run_dir}")
+    console.print(Text(f"run store: {run_dir}"))
     # "does not fit" is an answer about the model; a failure or an unverified restore is something to fix.
     broken = [s.name for s in summaries if s.status == "failed" or s.checkpoint_verified is False]
     if broken:
-        console.print(f"[bold red]failed:[/] {', '.join(broken)} (reasons above; logs in {run_dir / 'logs'})")
+        console.print(Text.assemble(("failed: ", "bold red"), f"{', '.join(broken)} (reasons above; logs in "
+                                    f"{run_dir / 'logs'})"))
         sys.exit(1)
 
 
@@ -88,13 +127,9 @@ def run(spec_path: Path, out: Path | None, keep_checkpoints: bool, nnodes: int, 
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def compare(run_dir: Path, as_json: bool) -> None:
     """Print a finished or running run's strategies side by side."""
-    from offloadlab.compare import compare_table, summarize
-    from offloadlab.store import RunStore
+    from offloadlab.compare import compare_table
 
-    try:
-        summaries = summarize(RunStore(run_dir))
-    except (FileNotFoundError, LookupError) as err:
-        _fail(str(err))
+    summaries = _read_summaries(run_dir)
     if as_json:
         click.echo(json.dumps([s.as_dict() for s in summaries], indent=2))
     else:
@@ -108,11 +143,9 @@ def report(run_dir: Path, out: Path | None) -> None:
     """Write a self-contained HTML report with plots of every strategy side by side."""
     from offloadlab.report import write_report
 
-    try:
+    with _reading_store(run_dir):
         path = write_report(run_dir, out)
-    except (FileNotFoundError, LookupError) as err:
-        _fail(str(err))
-    console.print(f"report: {path}")
+    console.print(Text(f"report: {path}"))
 
 
 @main.command()
@@ -127,12 +160,11 @@ def report(run_dir: Path, out: Path | None) -> None:
 def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, verify: bool, out: Path | None,
          as_json: bool) -> None:
     """Measure DeepSpeed aio settings on NVME and write the fastest as a config fragment."""
-    import shutil
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from offloadlab.aio_bench import DEEPSPEED_DEFAULT
     from offloadlab.ops import announce_on
+    from offloadlab.rundir import DB_NAME, RunDir, RunDirError, signals_ignored
     from offloadlab.store import RunStore
     from offloadlab.swap_buffers import plan_swap_buffers
     from offloadlab.tune import READ_SHARE, Tuner, TuneSettings
@@ -143,16 +175,27 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
     if verify and spec_path is None:
         _fail("--verify needs --spec SPEC: the spec whose NVMe strategies are run with the tuned settings")
     settings = TuneSettings.for_mode(quick)
-    out_dir = out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}"
-    created_out_dir = not out_dir.exists()
+    out_dir = RunDir.at(out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}")
     store = None
+    made: list[Path] = []  # what this tune created, removed again if it fails: never the user's own files
     try:
+        if out_dir.root.exists() and not out_dir.root.is_dir():
+            raise RunDirError(f"--out {out_dir.root} is a file: pass a folder")
+        if out_dir.store_path.exists():
+            raise RunDirError(f"--out {out_dir.root} holds a run store already: pass another folder")
         spec = load_spec(spec_path) if spec_path else None
         nvme_strategy = _nvme_param_strategy(spec) if spec else None
         tuner = Tuner(nvme_path, workload, settings, announce_build=announce_on(console))
-        out_dir.mkdir(parents=True, exist_ok=True)
+        if not out_dir.root.exists():
+            out_dir.root.mkdir(parents=True)
+            made.append(out_dir.root)
+        lock_existed = out_dir.lock_path.exists()
+        out_dir.lock()  # its descriptor stays open: the folder is this tune's until the process exits
+        if not lock_existed:
+            made.append(out_dir.lock_path)
+        made += [out_dir.store_path, *(out_dir.root / f"{DB_NAME}-{s}" for s in ("wal", "shm"))]
         # Points go to the store as they are measured, so `offloadlab tui` shows the sweep live.
-        store = RunStore(out_dir, create_schema=True)
+        store = RunStore(out_dir.root, create_schema=True)
         run_id = store.add_run("tune", "")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=not sys.stdout.isatty()) as progress:
@@ -165,19 +208,27 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
 
             tuner.on_progress = on_progress
             result = tuner.run()
-    except BaseException as err:  # the tuner removed its own files; this removes the output folder it began
-        if store is not None:
-            store.close()
-        if created_out_dir:
-            shutil.rmtree(out_dir, ignore_errors=True)
+    except BaseException as err:  # the tuner removed its own files; this removes what the command made
+        with signals_ignored():
+            if store is not None:
+                store.close()
+            for path in reversed(made):
+                with contextlib.suppress(OSError):  # a folder that holds the user's files stays
+                    if path == out_dir.root:
+                        path.rmdir()
+                    else:
+                        path.unlink(missing_ok=True)
         if isinstance(err, KeyboardInterrupt):
-            console.print("[yellow]interrupted: the tuning files and the output folder were removed[/]")
+            kept = out_dir.root in made and out_dir.root.exists()
+            left = " (the folder it made stays: it holds files the tune did not write)" if kept else ""
+            console.print(f"[yellow]interrupted: the tuning files and what the tune wrote to its output folder were "
+                          f"removed{left}[/]")
             sys.exit(130)
         if isinstance(err, SpecError):
             _fail(str(err))
         raise
     plan = plan_swap_buffers(spec, nvme_strategy, result.best.point.intra_op_parallelism) if nvme_strategy else None
-    toml_path, json_path = write_fragments(result, plan, out_dir)
+    toml_path, json_path = write_fragments(result, plan, out_dir.root)
     store.set_run_spec(run_id, toml_path.read_text())
     store.upsert_tune_points(run_id, store_rows(result))
     store.set_run_status(run_id, "done")
@@ -192,9 +243,9 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
         console.print(summary_table(result))
         if plan:
             console.print(plan_table(plan))
-        console.print(f"fragment: {toml_path} (DeepSpeed JSON: {json_path}); run store: {out_dir}")
+        console.print(Text(f"fragment: {toml_path} (DeepSpeed JSON: {json_path}); run store: {out_dir.root}"))
     if verify:
-        _verify_tuned(spec_path, toml_path, nvme_path, out_dir)
+        _verify_tuned(spec_path, toml_path, nvme_path, out_dir.root)
 
 
 @main.command()
@@ -274,7 +325,7 @@ def doctor(nvme_path: Path | None, build: bool, as_json: bool) -> None:
         click.echo(json.dumps(findings_json(findings), indent=2))
     else:
         console.print(findings_table(findings))
-    if build and any(f.check.startswith("op ") and not f.ok for f in findings):
+    if build and any(f.check.startswith("op ") and f.ok is False for f in findings):
         sys.exit(1)
 
 
@@ -286,8 +337,9 @@ def tui(run_dir: Path | None, root: Path) -> None:
     """Open the live dashboard (runs, tuning, runs browser) in this terminal."""
     import os
 
-    # The TUI is a separate package that reads run stores; offloadlab never imports it.
-    args = [sys.executable, "-m", "tui", "--root", str(root), *([str(run_dir)] if run_dir else [])]
+    # The TUI is a separate package that reads run stores; offloadlab never imports it. -P: a `tui/` folder
+    # in the current directory must not run instead of it.
+    args = [sys.executable, "-P", "-m", "tui", "--root", str(root), *([str(run_dir)] if run_dir else [])]
     try:
         os.execv(sys.executable, args)
     except OSError as err:

@@ -7,10 +7,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from offloadlab import metrics
 from offloadlab.step_telemetry import per_step
-from offloadlab.store import RunStore, StepRecord
+from offloadlab.store import DIED_REASON, INTERRUPTED, RunStore, StepRecord, StoreError
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,15 @@ def _model_facts(store: RunStore, strategy_id: int) -> metrics.ModelFacts | None
 
 def summarize(store: RunStore) -> list[StrategySummary]:
     run = store.run()
+    if not store.strategies(run["id"]) and store.tune_points(run["id"]):
+        raise StoreError(f"{store.run_dir} holds a tune, not a run: its result is tuned.toml there, and "
+                         f"'offloadlab tui {store.run_dir}' shows its sweep")
+    died = store.run_status() == INTERRUPTED
     out = []
     for row in store.strategies(run["id"]):
+        status, reason = row["status"], row["reason"]
+        if died and status in ("pending", "running"):
+            status, reason = "failed", f"{INTERRUPTED}: {DIED_REASON}"
         rank0 = store.steps(row["id"], rank=0)
         every_rank = store.steps(row["id"], rank=None)
         steady = metrics.steady_state(rank0)
@@ -104,8 +112,8 @@ def summarize(store: RunStore) -> list[StrategySummary]:
             StrategySummary(
                 name=row["name"],
                 engine=row["engine"],
-                status=row["status"],
-                reason=row["reason"],
+                status=status,
+                reason=reason,
                 steps_done=len(rank0),
                 steps_planned=row["steps_planned"],
                 median_step_time_s=median_time,
@@ -154,7 +162,8 @@ STATUS_STYLE = {"done": "green", "does_not_fit": "yellow", "failed": "red", "run
 
 
 def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
-    table = Table(title=f"offloadlab compare {run_dir}", header_style="bold")
+    # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
+    table = Table(title=Text(f"offloadlab compare {run_dir}"), header_style="bold")
     for col in ("strategy", "status", "step (s)", "tokens/s\nMFU", "GPU peak\nalloc / resv", "host RSS\npeak",
                 "NVMe/step\nread / write", "GPU\nidle", "PCIe GB/s\ntx / rx", "comm/step\nbytes / s", "SSD writes\nper 10k steps",
                 "checkpoint"):
@@ -166,8 +175,8 @@ def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
             status += f": {s.reason}"
         ckpt = {True: "[green]verified[/]", False: "[red]FAILED[/]", None: "-"}[s.checkpoint_verified]
         table.add_row(
-            f"{s.name}\n[dim]{s.engine}[/]",
-            f"[{STATUS_STYLE.get(s.status, 'white')}]{status}[/]",
+            Text.assemble(s.name, ("\n" + s.engine, "dim")),
+            Text(status, style=STATUS_STYLE.get(s.status, "white")),
             _fmt(s.median_step_time_s, "{:.3f}"),
             f"{_fmt(s.tokens_per_s, '{:,.0f}')}\n{_fmt(s.mfu_percent, '{:.1f}%')}",
             f"{human_bytes(s.peak_allocated_bytes)}\n{human_bytes(s.peak_reserved_bytes)}",

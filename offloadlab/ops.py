@@ -46,12 +46,11 @@ _loaded: dict[str, object] = {}
 
 def build_folders(name: str) -> list[Path]:
     """The folders an op's load builds into (torch's own answer: its default root has a python- and
-    CUDA-specific name). On the CPU accelerator async_io loads pin_memory first, which holds the
-    pinned-tensor manager."""
+    CUDA-specific name). async_io loads pin_memory first, which holds the pinned-tensor manager."""
     choose_deepspeed_accelerator()
     from torch.utils.cpp_extension import _get_build_directory
 
-    names = ["pin_memory", name] if name == "async_io" and os.environ["DS_ACCELERATOR"] == "cpu" else [name]
+    names = ["pin_memory", name] if name == "async_io" else [name]
     return [Path(_get_build_directory(n, verbose=False)) for n in names]
 
 

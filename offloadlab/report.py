@@ -103,7 +103,8 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
 <style>body{{font-family:sans-serif;margin:24px}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
 td:first-child,td:nth-child(2),td:nth-child(3){{text-align:left}}.row{{display:flex;flex-wrap:wrap;gap:12px}}figure{{margin:0}}
 figcaption{{font-size:12px;font-weight:bold}}</style></head><body>
-<h1>offloadlab report: {html.escape(run['name'])}</h1><p>run directory {html.escape(str(run_dir))}, status {html.escape(run['status'])}.
+<h1>offloadlab report: {html.escape(run['name'])}</h1><p>run directory {html.escape(str(run_dir))},
+status {html.escape(store.run_status())}.
 Step time excludes the first step in the medians; the first line of two-line panels is tx/read, the second rx/write.</p>
 <table><tr><th>strategy</th><th>engine</th><th>status</th><th>step (s)</th><th>tokens/s</th><th>MFU</th><th>GPU peak alloc</th>
 <th>host RSS peak</th><th>NVMe read/step</th><th>NVMe write/step</th><th>GPU idle</th><th>checkpoint</th></tr>

@@ -1,32 +1,37 @@
 """`offloadlab run`: each strategy in its own torchrun job, so a crash or OOM in one is that strategy's result.
 
-The parent owns the run directory and the per-strategy NVMe folders it creates under the spec's nvme_path;
-it removes those folders, checkpoints and scratch space when a strategy ends, fails or is interrupted, and
-never deletes anything it did not create.
+The parent holds the run folder's lock for the run's life and owns what the run creates: each strategy's
+NVMe folder under the spec's nvme_path (recorded in the store before it is made), its checkpoints, scratch
+and temp folders inside the run folder. It removes them when a strategy ends, fails or is interrupted, also
+when a second Ctrl-C comes during that, and never deletes anything it did not create. Jobs start in the
+run folder with PYTHONSAFEPATH set, so no module in the user's current folder is ever imported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
 import tomli_w
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from offloadlab.ops import announce_on, ensure_built
-from offloadlab.preflight import preflight_run
-from offloadlab.spec import FSDP2Strategy, RunSpec, SpecError
-from offloadlab.store import RunStore
-
-NVME_PREFIX = "offloadlab-"
+from offloadlab.preflight import PreflightError, preflight_run
+from offloadlab.rundir import LOCK_NAME, NVME_PREFIX, RunDir, RunDirError, signals_ignored
+from offloadlab.spec import FSDP2Strategy, RunSpec
+from offloadlab.store import INTERRUPTED, RunStore, StoreError
 
 # torch's pinned-memory allocator rounds each allocation up to a power of two. DeepSpeed pins its swap
 # buffers, gradient partitions and max_in_cpu parameters as a few multi-GB tensors, so the rounding locks
@@ -35,8 +40,11 @@ NVME_PREFIX = "offloadlab-"
 PINNED_EXACT_ABOVE = "pinned_max_round_threshold_mb:64"
 
 
-def worker_env(environ) -> dict[str, str]:
-    env = {**environ, "PYTHONUNBUFFERED": "1"}
+def worker_env(environ, tmp: Path) -> dict[str, str]:
+    # PYTHONSAFEPATH: `-m torch.distributed.run` and `-m offloadlab.worker` would otherwise import a
+    # `torch/` or `offloadlab/` folder from the working directory first. TMPDIR: torchrun leaves an empty
+    # torchelastic_* folder in the temp directory at every launch; this one is the run's and is removed.
+    env = {**environ, "PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1", "TMPDIR": str(tmp)}
     # torch 2.11 rejects the key (every worker fails to start); 2.13 has it.
     torch_version = tuple(int(x) for x in version("torch").split(".")[:2])
     if torch_version >= (2, 13) and "PYTORCH_ALLOC_CONF" not in env and "PYTORCH_CUDA_ALLOC_CONF" not in env:
@@ -70,12 +78,23 @@ def spec_toml(spec: RunSpec) -> str:
     return tomli_w.dumps(spec.model_dump(mode="json", exclude_none=True))
 
 
-def new_run_dir(spec: RunSpec, out: Path | None) -> Path:
-    """The run directory's path, checked to be new or empty; created by the caller after the preflight."""
-    run_dir = out or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise SpecError(f"run directory {run_dir} exists and is not empty: pass another --out")
-    return run_dir.resolve()
+def new_run_dir(spec: RunSpec, out: Path | None) -> RunDir:
+    """The run folder, checked to be new or empty; made by the caller after the preflight."""
+    path = out or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"--out {path} is a file: pass a folder that is new or empty")
+    if path.is_dir() and any(p.name != LOCK_NAME for p in path.iterdir()):
+        raise RunDirError(f"run directory {path} exists and is not empty: pass another --out")
+    return RunDir.at(path)
+
+
+def oom_kills() -> int:
+    """The kernel's count of OOM kills: the host's (/proc/vmstat) and this cgroup's (a container's limit)."""
+    total = 0
+    for path, key in ((Path("/proc/vmstat"), "oom_kill"), (Path("/sys/fs/cgroup/memory.events"), "oom_kill")):
+        with contextlib.suppress(OSError, ValueError):
+            total += next(int(v) for k, v in (line.split() for line in path.read_text().splitlines()) if k == key)
+    return total
 
 
 @dataclass
@@ -89,20 +108,28 @@ class StrategyJob:
 
 
 class Runner:
-    def __init__(self, spec: RunSpec, run_dir: Path, launch: Launch, console: Console, keep_checkpoints: bool = False):
+    def __init__(self, spec: RunSpec, run_dir: RunDir, launch: Launch, console: Console,
+                 keep_checkpoints: bool = False):
         self.spec, self.run_dir, self.launch, self.console = spec, run_dir, launch, console
         self.keep_checkpoints = keep_checkpoints
-        self.store = RunStore(run_dir, create_schema=True)
+        self.oom_kills_before = oom_kills()  # taken again at each launch
+        self.store = RunStore(run_dir.root, create_schema=True)
         self.run_id = self.store.add_run(spec.name, spec_toml(spec))
-        (run_dir / "spec.toml").write_text(spec_toml(spec))
-        (run_dir / "logs").mkdir(exist_ok=True)
-        self.jobs = [self._job(s) for s in spec.strategy]
+        (run_dir.root / "spec.toml").write_text(spec_toml(spec))
+        (run_dir.root / "logs").mkdir(exist_ok=True)
+        token = uuid.uuid4().hex[:8]  # no other run's swap folder has this name, whatever its run folder is called
+        self.jobs = [self._job(s, token) for s in spec.strategy]
 
-    def _job(self, strategy) -> StrategyJob:
+    def _job(self, strategy, token: str) -> StrategyJob:
         config = strategy.model_dump(mode="json")
         strategy_id = self.store.add_strategy(self.run_id, strategy.name, strategy.engine, config, self.spec.steps)
-        nvme_dir = self.spec.nvme_path / f"{NVME_PREFIX}{self.run_dir.name}-{strategy.name}" if strategy.uses_nvme else None
-        return StrategyJob(strategy.name, strategy_id, nvme_dir, self.run_dir / "logs" / f"{strategy.name}.log")
+        nvme_dir = self.run_dir.nvme_dir(self.spec.nvme_path, token, strategy.name) if strategy.uses_nvme else None
+        return StrategyJob(strategy.name, strategy_id, nvme_dir, self.run_dir.log(strategy.name))
+
+    def say(self, message: str) -> None:
+        """Print, unless the terminal is gone (a SIGHUP): cleanup must not stop at a failed write."""
+        with contextlib.suppress(OSError):
+            self.console.print(message)
 
     def run(self) -> None:
         try:
@@ -113,19 +140,36 @@ class Runner:
                 for job in self.jobs:
                     self._run_strategy(job, progress)
             self.store.set_run_status(self.run_id, "done")
-        except KeyboardInterrupt:
-            self.store.set_run_status(self.run_id, "interrupted")
-            for job in self.jobs:
-                self._stop(job)
-                if self.store.strategy(job.strategy_id)["status"] in ("pending", "running"):
-                    self.store.set_strategy_status(job.strategy_id, "failed", "interrupted by the user")
-                self._clean(job)
+        except BaseException as err:
+            with signals_ignored():
+                left = self._stop_and_clean_all(err)
+            what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"stopped ({type(err).__name__}: {err})"
+            if left:
+                self.say(f"[yellow]{what}: stopped the running strategy; could not remove "
+                         f"{', '.join(escape(str(p)) for p in left)}[/]")
+            else:
+                self.say(f"[yellow]{what}: stopped the running strategy and removed the NVMe, checkpoint, "
+                         "scratch and temp folders the run made[/]")
             raise
+
+    def _stop_and_clean_all(self, err: BaseException) -> list[Path]:
+        reason = "interrupted by the user" if isinstance(err, KeyboardInterrupt) else f"the run stopped: {err}"
+        left: list[Path] = []
+        for job in self.jobs:
+            self._stop(job)
+            left += self._clean(job)  # first: on a full disk this frees the space the store's writes need
+            with contextlib.suppress(sqlite3.Error):
+                if self.store.strategy(job.strategy_id)["status"] in ("pending", "running"):
+                    self.store.set_strategy_status(job.strategy_id, "failed", reason)
+        with contextlib.suppress(sqlite3.Error):
+            self.store.set_run_status(self.run_id, INTERRUPTED)
+        return left
 
     def _run_strategy(self, job: StrategyJob, progress: Progress) -> None:
         task = progress.add_task(f"{job.name:<18}", total=self.spec.steps)
         self.store.set_strategy_status(job.strategy_id, "running")
         if job.nvme_dir is not None:
+            self.store.record_created(self.run_id, job.nvme_dir)
             job.nvme_dir.mkdir()
             job.created.append(job.nvme_dir)
         try:
@@ -153,7 +197,8 @@ class Runner:
         label = {"done": "[green]done[/]", "does_not_fit": "[yellow]does not fit[/]"}.get(row["status"], "[red]failed[/]")
         progress.update(task, description=f"{job.name:<18} {label}")
         if row["reason"]:
-            self.console.print(f"  {job.name}: {row['status'].replace('_', ' ')}: {row['reason']} (log: {job.log})")
+            self.say(f"  {job.name}: {row['status'].replace('_', ' ')}: {escape(row['reason'])} "
+                     f"(log: {escape(str(job.log))})")
 
     def _restores_at_world_1(self, job: StrategyJob) -> bool:
         """FSDP2's DCP checkpoints reshard on load; DeepSpeed's need its universal-checkpoint conversion
@@ -163,16 +208,19 @@ class Runner:
 
     def _launch(self, job: StrategyJob, mode: str, progress: Progress, task, nproc: int | None = None) -> int:
         launch = self.launch if nproc is None else Launch()
-        cmd = [sys.executable, "-m", "torch.distributed.run", *launch.torchrun_args(nproc or self.spec.nproc),
-               "-m", "offloadlab.worker", "--run-dir", str(self.run_dir), "--strategy", job.name, "--mode", mode]
+        cmd = [sys.executable, "-P", "-m", "torch.distributed.run", *launch.torchrun_args(nproc or self.spec.nproc),
+               "-m", "offloadlab.worker", "--run-dir", str(self.run_dir.root), "--strategy", job.name, "--mode", mode]
         if job.nvme_dir is not None:
             cmd += ["--nvme-dir", str(job.nvme_dir)]
-        env = worker_env(os.environ)
+        tmp = self.run_dir.job_tmp(job.name)
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.oom_kills_before = oom_kills()
         with open(job.log, "a") as log:
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
             # A session of its own, so Ctrl-C reaches the parent first and the parent stops the job whole.
-            job.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            job.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(os.environ, tmp),
+                                        cwd=self.run_dir.root, start_new_session=True)
             while job.proc.poll() is None:
                 if task is not None:
                     progress.update(task, completed=self._steps_done(job))
@@ -188,14 +236,16 @@ class Runner:
         ).fetchone()
         return row[0] or 0
 
-    @staticmethod
-    def _exit_reason(rc: int, log: Path) -> tuple[str, str]:
+    def _exit_reason(self, rc: int, log: Path) -> tuple[str, str]:
         """Why a job ended without recording a result itself (it was killed, or crashed before the store)."""
         text = log.read_text(errors="replace") if log.exists() else ""
         latest = text[text.rfind("\n$ ") + 1:]  # this launch's output only; the log holds train and verify
         # torchrun exits 1 when a rank dies; it names the signal in its summary.
         if rc in (-signal.SIGKILL, 128 + signal.SIGKILL) or "SIGKILL" in latest or "exitcode  : -9" in latest:
-            return "does_not_fit", "killed by SIGKILL, most likely by the kernel's OOM killer (host RAM)"
+            if oom_kills() > self.oom_kills_before:
+                return "does_not_fit", "killed by the kernel's OOM killer (host RAM): its oom_kill count went up"
+            return "failed", ("killed by SIGKILL from outside offloadlab, not by the kernel's OOM killer "
+                              "(its oom_kill count did not move)")
         lines = [line for line in latest.splitlines() if line.strip() and not line.startswith("$ ")]
         return "failed", f"exited with code {rc}: {lines[-1][:300] if lines else 'no output'}"
 
@@ -209,20 +259,96 @@ class Runner:
             os.killpg(job.proc.pid, signal.SIGKILL)
             job.proc.wait()
 
-    def _clean(self, job: StrategyJob) -> None:
+    def _clean(self, job: StrategyJob) -> list[Path]:
+        """Remove what this strategy made; return what could not be removed."""
         for path in job.created:
             shutil.rmtree(path, ignore_errors=True)
-        job.created.clear()
-        shutil.rmtree(self.run_dir / "scratch" / job.name, ignore_errors=True)
-        if not self.keep_checkpoints:
-            shutil.rmtree(self.run_dir / "checkpoints" / job.name, ignore_errors=True)
+            if not path.exists():
+                with contextlib.suppress(sqlite3.Error):
+                    self.store.forget_created(self.run_id, path)
+        folders = [f for f in self.run_dir.per_strategy_folders(job.name)
+                   if not (self.keep_checkpoints and f == self.run_dir.checkpoints(job.name))]
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                folder.parent.rmdir()  # checkpoints/, scratch/, tmp/ once no strategy has anything there
+        left = [p for p in [*job.created, *folders] if p.exists()]
+        job.created = [p for p in job.created if p.exists()]
+        return left
 
 
-def run_spec(spec: RunSpec, out: Path | None, launch: Launch, console: Console, keep_checkpoints: bool = False) -> Path:
+def check_fits(spec: RunSpec, console: Console, force: bool) -> None:
+    """Ask the planner before any process starts: refuse a spec none of whose strategies fits this machine,
+    and say which ones are predicted not to fit."""
+    if spec.model.hf_config is not None:
+        return  # the planner predicts GPT shapes only
+    from offloadlab.model import gpt_config
+    from offloadlab.plan import Placement, Shape, SwapBuffers, buffers_for, predict
+    from offloadlab.plan_inputs import detect_machine
+
+    shape = Shape.of(gpt_config(spec.model, spec.seq_len), spec.seq_len, spec.micro_batch, spec.grad_accum,
+                     spec.precision)
+    machine = detect_machine(spec.nproc, None, None, spec.nvme_path)
+    unfit = {}
+    for s in spec.strategy:
+        buffers = SwapBuffers(s.buffer_count, s.buffer_size, s.optimizer_buffer_count) \
+            if getattr(s, "offload_param", "none") == "nvme" else buffers_for(shape)
+        prediction = predict(Placement.from_strategy(s, spec.model.activation_checkpointing), shape, machine, None,
+                             buffers)
+        if not prediction.fits:
+            unfit[s.name] = prediction.binding
+    if len(unfit) == len(spec.strategy) and not force:
+        needs = "; ".join(f"{name} needs {binding}" for name, binding in unfit.items())
+        raise PreflightError(f"the plan says no strategy of this spec fits this machine ({needs}). "
+                             "'offloadlab plan SPEC' shows what does; --force runs it anyway")
+    for name, binding in unfit.items():
+        console.print(f"  {name}: the plan predicts it does not fit ({escape(binding)}); running it to see")
+
+
+def sweep_dead_runs(parent: Path, console: Console) -> None:
+    """Runs beside this one whose process died (a closed terminal, SIGKILL) still say "running": mark them
+    interrupted and remove the NVMe folders their stores record (nothing else: only what they made)."""
+    if not parent.is_dir():
+        return
+    for folder in parent.iterdir():
+        run_dir = RunDir.at(folder)
+        if not run_dir.store_path.is_file() or run_dir.is_live():
+            continue
+        try:
+            store = RunStore(folder, writable=True)
+        except (StoreError, sqlite3.Error):
+            continue
+        try:
+            run = store.run()
+            if run["status"] != "running":
+                continue
+            store.mark_interrupted(run["id"])
+            for path in store.created(run["id"]):
+                if path.name.startswith(NVME_PREFIX):
+                    shutil.rmtree(path, ignore_errors=True)
+                if not path.exists():
+                    store.forget_created(run["id"], path)
+            console.print(f"marked {escape(str(folder))} interrupted (its process was gone) and removed its swap "
+                          "folders")
+        except (LookupError, sqlite3.Error):
+            continue
+        finally:
+            store.close()
+
+
+def run_spec(spec: RunSpec, out: Path | None, launch: Launch, console: Console, keep_checkpoints: bool = False,
+             force: bool = False) -> Path:
     run_dir = new_run_dir(spec, out)
-    preflight_run(spec, run_dir)
+    preflight_run(spec, run_dir.root)
+    check_fits(spec, console, force)
     # Built here, once, with the wait explained, rather than by the first rank that needs it inside a job.
     ensure_built((op for s in spec.strategy for op in s.ops_needed), announce_on(console))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    Runner(spec, run_dir, launch, console, keep_checkpoints).run()
-    return run_dir
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    lock = run_dir.lock()
+    try:
+        new_run_dir(spec, run_dir.root)  # again under the lock: of two runs started together, one stops here
+        sweep_dead_runs(run_dir.root.parent, console)
+        Runner(spec, run_dir, launch, console, keep_checkpoints).run()
+    finally:
+        os.close(lock)
+    return run_dir.root

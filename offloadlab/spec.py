@@ -7,16 +7,32 @@ Unknown keys and bad values raise `SpecError` with the key's path, before any wo
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 import typing
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class SpecError(ValueError):
     """A run spec that cannot be used; the message names the key and the fix."""
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+
+
+def _safe_name(name: str) -> str:
+    """Names become folder and file names (checkpoints/NAME, the NVMe swap folder): no separators, no
+    leading dot, nothing a shell or glob reads specially."""
+    if not _SAFE_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a usable name: use 1-64 letters, digits and . _ + -, starting with a "
+                         "letter or digit (it names folders)")
+    return name
+
+
+SafeName = Annotated[str, AfterValidator(_safe_name)]
 
 
 class _Strict(BaseModel):
@@ -77,7 +93,7 @@ class AioSpec(_Strict):
 
 
 class DeepSpeedStrategy(_Strict):
-    name: str
+    name: SafeName
     engine: Literal["deepspeed"]
     zero_stage: Literal[1, 2, 3] = 3
     offload_optimizer: OffloadDevice = "none"
@@ -119,7 +135,7 @@ class DeepSpeedStrategy(_Strict):
 
 
 class FSDP2Strategy(_Strict):
-    name: str
+    name: SafeName
     engine: Literal["fsdp2"]
     cpu_offload: bool = False
     """Wrap with CPUOffloadPolicy: parameters, gradients and optimizer step live on the CPU."""
@@ -139,7 +155,7 @@ Strategy = Annotated[Union[DeepSpeedStrategy, FSDP2Strategy], Field(discriminato
 
 
 class RunSpec(_Strict):
-    name: str = "run"
+    name: SafeName = "run"
     seed: int = 0
     steps: int = Field(default=6, gt=0)
     seq_len: int = Field(default=64, gt=0)

@@ -1,7 +1,9 @@
 """The run store: one SQLite database per run directory, in WAL mode so readers follow a live run.
 
 Writers are the `run` parent (runs, strategies) and each strategy's ranks (steps, events, samples); every
-connection waits on locks instead of failing, so ranks can write side by side.
+connection waits on locks instead of failing, so ranks can write side by side. Everything else (compare,
+report, the TUI, the planner's tune lookup) opens a store read-only: it never writes, never creates a file
+beside it, and a file that is not a run store is a one-line `StoreError`.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
-DB_NAME = "offloadlab.sqlite"
+from offloadlab.rundir import DB_NAME, RunDir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -88,8 +91,21 @@ CREATE TABLE IF NOT EXISTS tune_points (
     is_best INTEGER NOT NULL,
     is_deepspeed_default INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS created_paths (      -- folders a run made outside its run folder (NVMe swap)
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    path TEXT NOT NULL,
+    PRIMARY KEY (run_id, path)
+);
 CREATE INDEX IF NOT EXISTS samples_by_strategy ON samples (strategy_id, metric, t);
 """
+
+# What a run's strategies show once its process is gone without finishing them.
+INTERRUPTED = "interrupted"
+DIED_REASON = "offloadlab's process ended before the run finished (a closed terminal, or killed)"
+
+
+class StoreError(Exception):
+    """A run store that cannot be read; the message is one line that names the file."""
 
 
 def connect(run_dir: Path) -> sqlite3.Connection:
@@ -103,6 +119,31 @@ def connect(run_dir: Path) -> sqlite3.Connection:
 def create(run_dir: Path) -> sqlite3.Connection:
     conn = connect(run_dir)
     conn.executescript(SCHEMA)
+    return conn
+
+
+def connect_read_only(run_dir: Path) -> sqlite3.Connection:
+    path = Path(run_dir) / DB_NAME
+    if not path.is_file():
+        raise StoreError(f"{run_dir} holds no {DB_NAME}: not an offloadlab run directory")
+    if path.stat().st_size == 0:
+        raise StoreError(f"{path} is empty: not an offloadlab run store")
+    # Without a -wal file no process has the store open and all of it is in the main file: read it as
+    # immutable, which creates nothing beside it (a read-only WAL reader leaves -shm and -wal files) and
+    # works on a read-only mount. A live store is read through its WAL.
+    immutable = "" if path.with_name(f"{DB_NAME}-wal").exists() else "&immutable=1"
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro{immutable}", uri=True, timeout=30.0,
+                               isolation_level=None)
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as err:
+        raise StoreError(f"{path} is not a readable SQLite database ({err}): corrupt, truncated or not a run "
+                         "store") from None
+    if not {"runs", "strategies"} <= tables:
+        conn.close()
+        raise StoreError(f"{path} is another program's database, not an offloadlab run store")
+    conn.execute("PRAGMA busy_timeout=30000")
+    conn.row_factory = sqlite3.Row
     return conn
 
 
@@ -127,13 +168,19 @@ class StepRecord:
 
 
 class RunStore:
-    """Typed writes and reads over one run directory's database."""
+    """Typed writes and reads over one run directory's database: read-only unless `writable` (the run's
+    own processes) or `create_schema` (the process that starts the run or tune)."""
 
-    def __init__(self, run_dir: Path, create_schema: bool = False):
+    def __init__(self, run_dir: Path, create_schema: bool = False, writable: bool = False):
         self.run_dir = Path(run_dir)
-        if not create_schema and not (self.run_dir / DB_NAME).is_file():
-            raise FileNotFoundError(f"{self.run_dir} holds no {DB_NAME}: not an offloadlab run directory")
-        self.conn = create(self.run_dir) if create_schema else connect(self.run_dir)
+        if create_schema:
+            self.conn = create(self.run_dir)
+        elif writable:
+            if not (self.run_dir / DB_NAME).is_file():
+                raise StoreError(f"{self.run_dir} holds no {DB_NAME}: not an offloadlab run directory")
+            self.conn = connect(self.run_dir)
+        else:
+            self.conn = connect_read_only(self.run_dir)
 
     def close(self) -> None:
         self.conn.close()
@@ -208,12 +255,40 @@ class RunStore:
     def set_run_spec(self, run_id: int, spec_toml: str) -> None:
         self.conn.execute("UPDATE runs SET spec_toml = ? WHERE id = ?", (spec_toml, run_id))
 
+    def record_created(self, run_id: int, path: Path) -> None:
+        """Written before the folder is made, so a run that dies at any point leaves a record of it."""
+        self.conn.execute("INSERT OR IGNORE INTO created_paths VALUES (?, ?)", (run_id, str(path)))
+
+    def forget_created(self, run_id: int, path: Path) -> None:
+        self.conn.execute("DELETE FROM created_paths WHERE run_id = ? AND path = ?", (run_id, str(path)))
+
+    def mark_interrupted(self, run_id: int) -> None:
+        """A run whose process died: the run and its unfinished strategies say so."""
+        with self.conn:
+            self.conn.execute("UPDATE runs SET status = ? WHERE id = ?", (INTERRUPTED, run_id))
+            self.conn.execute("UPDATE strategies SET status = 'failed', reason = ?, finished_at = ? WHERE run_id = ? "
+                              "AND status IN ('pending', 'running')",
+                              (f"{INTERRUPTED}: {DIED_REASON}", time.time(), run_id))
+
     # -- reads ----------------------------------------------------------------------------------------
     def run(self) -> sqlite3.Row:
         row = self.conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
         if row is None:
             raise LookupError(f"{self.run_dir}: the run store holds no run yet")
         return row
+
+    def run_status(self) -> str:
+        """The run's status, "interrupted" for one that says running but whose process is gone."""
+        status = self.run()["status"]
+        if status == "running" and not RunDir.at(self.run_dir).is_live():
+            return INTERRUPTED
+        return status
+
+    def created(self, run_id: int) -> list[Path]:
+        try:
+            return [Path(r[0]) for r in self.conn.execute("SELECT path FROM created_paths WHERE run_id = ?", (run_id,))]
+        except sqlite3.OperationalError:
+            return []  # a store from before the table existed
 
     def strategies(self, run_id: int) -> list[sqlite3.Row]:
         return self.conn.execute("SELECT * FROM strategies WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()

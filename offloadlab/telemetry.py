@@ -134,7 +134,7 @@ class Sampler:
             from offloadlab.metrics import exclude_this_thread_from_io  # imports torch: not in the side process
 
             exclude_this_thread_from_io()
-        store = RunStore(self.run_dir)
+        store = RunStore(self.run_dir, writable=True)
         store.add_events(self.strategy_id, None, [(None, "telemetry_note", time.time(), None, n) for n in self.notes])
         pending: list[tuple] = []
         last_flush = time.time()
@@ -201,7 +201,8 @@ class SamplerProcess:
 
     def __init__(self, run_dir: Path, strategy_id: int, hz: float = 10.0, nvme_path: Path | None = None,
                  root_pid: int | None = None):
-        self.cmd = [sys.executable, "-m", "offloadlab.telemetry", "--run-dir", str(run_dir), "--strategy-id",
+        # -P: the current folder is not searched, so no `offloadlab/` there is imported instead of ours.
+        self.cmd = [sys.executable, "-P", "-m", "offloadlab.telemetry", "--run-dir", str(run_dir), "--strategy-id",
                     str(strategy_id), "--hz", str(hz), "--root-pid", str(root_pid or os.getpid())]
         if nvme_path is not None:
             self.cmd += ["--nvme-path", str(nvme_path)]

@@ -25,6 +25,7 @@ from typing import Callable
 from offloadlab.aio_bench import DEEPSPEED_DEFAULT, AioBench, AioPoint, Throughput, measure_direct_io_baseline
 from offloadlab.links import PcieSpeed, measure_pinned_copy
 from offloadlab.ops import Announce, load_op
+from offloadlab.rundir import signals_ignored
 from offloadlab.preflight import (PreflightError, check_aio_contexts, check_direct_io, check_directory, check_free_disk,
                                   check_pinned_memory)
 
@@ -171,7 +172,8 @@ class Tuner:
         try:
             return self._sweep(start)
         finally:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
+            with signals_ignored():  # a second Ctrl-C does not leave the probe files behind
+                shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def _sweep(self, start: float) -> TuneResult:
         s = self.settings

@@ -15,7 +15,9 @@ import contextlib
 import errno
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import tomllib
 import traceback
@@ -28,6 +30,7 @@ from offloadlab.data import TokenSource
 from offloadlab.engines import DistContext, build_engine
 from offloadlab.metrics import MODEL_FACTS_EVENT, ModelFacts, device_name
 from offloadlab.model import gpt_config, hf_config_folder, model_numbers
+from offloadlab.rundir import RunDir
 from offloadlab.spec import RunSpec, parse_spec
 from offloadlab.store import RunStore
 from offloadlab.telemetry import SamplerProcess
@@ -62,10 +65,6 @@ def vocab_size(spec: RunSpec) -> int:
     return gpt_config(spec.model, spec.seq_len).vocab_size
 
 
-def checkpoint_root(run_dir: Path, strategy: str) -> Path:
-    return run_dir / "checkpoints" / strategy
-
-
 def sampler_for(spec: RunSpec, ctx: DistContext, run_dir: Path, strategy_id: int, nvme_dir: Path | None):
     """One sampler per host (local rank 0), covering every GPU and, through torchrun's agent, every rank."""
     if spec.telemetry_hz == 0 or ctx.local_rank != 0:
@@ -89,7 +88,7 @@ def _train(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
         if ctx.rank == 0:
             record_model_facts(store, strategy_id, spec, engine)
         source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
-        root = checkpoint_root(run_dir, strategy.name) if spec.verify_checkpoint else None
+        root = RunDir.at(run_dir).checkpoints(strategy.name) if spec.verify_checkpoint else None
         run_steps(engine, spec, source, store, strategy_id, StepWindow(1, spec.steps), checkpoint_root=root)
         engine.close()
 
@@ -101,8 +100,8 @@ def _verify(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
         spec = spec.model_copy(update={"grad_accum": spec.grad_accum * spec.nproc // ctx.world_size, "nproc": ctx.world_size})
     engine = build_engine(spec, strategy, ctx, nvme_dir)
     source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
-    root = checkpoint_root(run_dir, strategy.name)
-    check = restore_and_check(engine, root, scratch=run_dir / "scratch" / strategy.name)
+    layout = RunDir.at(run_dir)
+    check = restore_and_check(engine, layout.checkpoints(strategy.name), scratch=layout.scratch(strategy.name))
     next_step = check.step + 1
     phase = f"restored@world{ctx.world_size}" if other_world else "restored"
     (restored,) = run_steps(engine, spec, source, store, strategy_id, StepWindow(next_step, next_step, phase=phase))
@@ -127,6 +126,20 @@ def _verify(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
     store.set_checkpoint_result(strategy_id, check.ok and loss_ok, "; ".join(parts))
 
 
+def watch_the_run(run_dir: RunDir, period_s: float = 1.0) -> None:
+    """End this rank when `offloadlab run` is gone (SIGKILL, a lost terminal): torchrun gives its ranks
+    sessions of their own, so nothing else would stop them training to the last step. Its sampler follows
+    (its stdin closes) and so does torchrun (its ranks exited); the next `run` beside this one marks the
+    run interrupted and removes the swap folder."""
+    def watch() -> None:
+        while run_dir.is_live():
+            time.sleep(period_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if run_dir.is_live():
+        threading.Thread(target=watch, name="offloadlab-watch-run", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m offloadlab.worker")
     parser.add_argument("--run-dir", type=Path, required=True)
@@ -134,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("train", "verify"), required=True)
     parser.add_argument("--nvme-dir", type=Path)
     args = parser.parse_args(argv)
-
-    store = RunStore(args.run_dir)
+    watch_the_run(RunDir.at(args.run_dir))
+    store = RunStore(args.run_dir, writable=True)
     run = store.run()
     spec = parse_spec(tomllib.loads(run["spec_toml"]), f"{args.run_dir}/spec")
     strategy = spec.get_strategy(args.strategy)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import tomli_w
 
-from offloadlab.store import RunStore
+from offloadlab.store import RunStore, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,10 +97,11 @@ def wait_for_worker(proc: subprocess.Popen, run_dir: Path, timeout: float = 300)
     while time.time() < deadline:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else f"exited {proc.returncode}"
         if (run_dir / "offloadlab.sqlite").exists():
-            store = RunStore(run_dir)
             try:
+                store = RunStore(run_dir)
                 trained = store.conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0] > 0
-            except sqlite3.OperationalError:
+                store.close()
+            except (StoreError, sqlite3.OperationalError):
                 trained = False  # the runner has opened the file but not yet created the schema
             if trained:
                 for child in psutil.Process(proc.pid).children(recursive=True):
@@ -110,6 +111,5 @@ def wait_for_worker(proc: subprocess.Popen, run_dir: Path, timeout: float = 300)
                         continue  # a process that exited while listed
                     if "offloadlab.worker" in cmdline and "torch.distributed.run" not in cmdline:
                         return child
-            store.close()
         time.sleep(0.2)
     raise AssertionError("the first strategy never trained a step")

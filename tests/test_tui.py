@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sqlite3
 import time
@@ -19,6 +20,7 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from conftest import cli, wait_for_worker
 from offloadlab.compare import human_bytes, summarize
+from offloadlab.rundir import RunDir
 from offloadlab.store import DB_NAME, RunStore, StepRecord
 from tui import processes
 from tui.app import OffloadlabApp
@@ -180,7 +182,7 @@ def test_a_deleted_or_corrupt_store_gives_a_message_not_a_traceback(tmp_path, wo
             message = app.screen.query_one("#message")
             await wait_until(pilot, lambda: "or it was deleted" in text_of(message))
             app.open_dir(corrupt)
-            await wait_until(pilot, lambda: "is not a readable offloadlab run store" in text_of(message))
+            await wait_until(pilot, lambda: "is not a readable SQLite database" in text_of(message))
             await go(pilot, "r", RunsScreen)
             runs = app.screen.query_one("#runs", DataTable)
             await wait_until(pilot, lambda: runs.row_count == 1)
@@ -188,7 +190,7 @@ def test_a_deleted_or_corrupt_store_gives_a_message_not_a_traceback(tmp_path, wo
         assert app.return_code in (0, None)
 
     asyncio.run(scenario())
-    with pytest.raises(ReaderError, match="not a readable offloadlab run store"):
+    with pytest.raises(ReaderError, match="is not a readable SQLite database"):
         read_run(corrupt)
 
 
@@ -210,9 +212,9 @@ def test_a_live_run_started_from_the_tui_shows_progress_and_failure_and_outlives
             await go(pilot, "d", DashboardScreen)
             header = app.screen.query_one("#run-header")
             await wait_until(pilot, lambda: "now: victim step" in text_of(header))
-            worker.send_signal(signal.SIGKILL)  # what the OOM killer sends
+            worker.send_signal(signal.SIGKILL)  # from another process: a failure, not an OOM
             await wait_until(pilot, lambda: "victim" in panels(app)
-                             and "does not fit" in text_of(panels(app)["victim"].query_one(".panel-title")), 120)
+                             and "failed" in text_of(panels(app)["victim"].query_one(".panel-title")), 120)
             assert "SIGKILL" in text_of(panels(app)["victim"].query_one(".panel-title"))
             await wait_until(pilot, lambda: "now: survivor step" in text_of(header), 120)
         # The TUI has closed; the run it started goes on.
@@ -302,11 +304,13 @@ def _fixed_tune(root: Path) -> None:
 
 
 @pytest.fixture
-def fixed_root(tmp_path) -> Path:
+def fixed_root(tmp_path):
     root = tmp_path / "runs"
     _fixed_run(root)
     _fixed_tune(root)
-    return root
+    lock = RunDir.at(root / "demo").lock()  # the demo run is live: a process holds its folder, as `run` does
+    yield root
+    os.close(lock)
 
 
 def _ready(app, screen_type) -> bool:

@@ -114,7 +114,7 @@ def test_a_signal_mid_sweep_removes_the_work_folder(tmp_path, sig):
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
-    assert "the tuning files and the output folder were removed" in out
+    assert "the tuning files and what the tune wrote to its output folder were removed" in out
     assert not list(tmp_path.glob(f"{WORK_PREFIX}*"))
     assert not (tmp_path / "out").exists()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from offloadlab.compare import StrategySummary, summarize
-from offloadlab.store import DB_NAME, RunStore
+from offloadlab.store import DB_NAME, RunStore, StoreError
 
 TUNE_RUN_NAME = "tune"
 
@@ -102,9 +102,9 @@ def _open(run_dir: Path) -> RunStore:
     if not (Path(run_dir) / DB_NAME).is_file():
         raise ReaderError(f"{run_dir}: no run store ({DB_NAME}) here, or it was deleted")
     try:
-        return RunStore(run_dir)
-    except sqlite3.DatabaseError as err:
-        raise ReaderError(f"{run_dir}: {DB_NAME} is not a readable offloadlab run store ({err})") from err
+        return RunStore(run_dir)  # read-only: the TUI never writes a store or creates a file beside it
+    except StoreError as err:
+        raise ReaderError(str(err)) from err
 
 
 def _read(run_dir: Path, read):
@@ -157,7 +157,7 @@ def read_run(run_dir: Path) -> RunView:
         run = store.run()
         ids = {row["name"]: row["id"] for row in store.strategies(run["id"])}
         views = [_strategy_view(store, ids[s.name], s) for s in summarize(store)]
-        return RunView(Path(run_dir), run["name"], run["status"], run["created_at"], views)
+        return RunView(Path(run_dir), run["name"], store.run_status(), run["created_at"], views)
 
     return _read(run_dir, read)
 
@@ -171,7 +171,7 @@ def read_tune(run_dir: Path) -> TuneView:
             write_gbps=r["write_gbps"], score_gbps=r["score_gbps"], repeats=r["repeats"], stage=r["stage"],
             is_best=bool(r["is_best"]), is_deepspeed_default=bool(r["is_deepspeed_default"]),
         ) for r in store.tune_points(run["id"])]
-        return TuneView(Path(run_dir), run["status"], run["created_at"], points)
+        return TuneView(Path(run_dir), store.run_status(), run["created_at"], points)
 
     return _read(run_dir, read)
 
@@ -182,7 +182,7 @@ def _entry(run_dir: Path) -> RunEntry | None:
         strategies = store.strategies(run["id"])
         finished = sum(1 for s in strategies if s["status"] in ("done", "failed", "does_not_fit"))
         kind = "tune" if run["name"] == TUNE_RUN_NAME else "run"
-        return RunEntry(run_dir, run["name"], kind, run["status"], run["created_at"], finished, len(strategies))
+        return RunEntry(run_dir, run["name"], kind, store.run_status(), run["created_at"], finished, len(strategies))
 
     try:
         return _read(run_dir, read)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import glob
 import hashlib
 import logging
 import mmap
+import os
 import re
 from pathlib import Path
 
@@ -94,7 +96,7 @@ class DeepSpeedEngine(Engine):
         self.engine.save_checkpoint(str(folder), tag=CHECKPOINT_TAG, client_state={"step": step}, save_latest=False)
 
     def load(self, folder: Path) -> int:
-        path, client_state = self.engine.load_checkpoint(str(folder), tag=CHECKPOINT_TAG)
+        path, client_state = self.engine.load_checkpoint(_glob_safe(folder), tag=CHECKPOINT_TAG)
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint under {folder}")
         if self.engine.zero_nvme_offload_optimizer():
@@ -113,8 +115,8 @@ class DeepSpeedEngine(Engine):
         in_ram = [i for i in self._subgroups() if not opt._swappable_optimizer_subgroup(i)]
         if not in_ram:
             return
-        saved = torch.load(self.engine._get_zero_ckpt_name(str(folder), CHECKPOINT_TAG), map_location="cpu",
-                           weights_only=False)["optimizer_state_dict"]
+        saved = load_checkpoint_file(Path(self.engine._get_zero_ckpt_name(str(folder), CHECKPOINT_TAG)))
+        saved = saved["optimizer_state_dict"]
         for i in in_ram:
             fp32 = opt.fp32_partitioned_groups_flat[i]
             fp32.data.copy_(saved["fp32_flat_groups"][i])
@@ -147,13 +149,38 @@ class DeepSpeedEngine(Engine):
         return range(len(self.engine.optimizer.fp32_partitioned_groups_flat))
 
 
+def _glob_safe(folder: Path) -> str:
+    """The folder as DeepSpeed's load_checkpoint may take it: it globs the path, so a folder named "[x]"
+    matched nothing. The rank's working directory is the run folder, which holds the checkpoints: relative
+    to it the path holds only safe names."""
+    relative = os.path.relpath(folder)
+    return relative if glob.escape(relative) == relative and not relative.startswith("..") else str(folder)
+
+
+def _trusted_classes() -> list:
+    """The non-tensor types DeepSpeed 0.19.8 pickles into its checkpoint files (found with torch's
+    get_unsafe_globals_in_checkpoint on ZeRO-1/2/3 CPU and NVMe checkpoints)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def load_checkpoint_file(path: Path, mmap: bool = False):
+    """A checkpoint file read without running arbitrary pickled code: only tensors, containers and the
+    allow-listed DeepSpeed types load, so a .pt planted in the folder cannot execute anything."""
+    with torch.serialization.safe_globals(_trusted_classes()):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+
+
 def digest_checkpoint_files(folder: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = str(path.relative_to(folder))
         if path.suffix == ".pt":
             # Mapped, not read: the optimizer file holds 12 bytes a parameter (17 GiB at 1.42B).
-            state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+            state = load_checkpoint_file(path, mmap=True)
             # The client state's step is -1 for a digest save; progress is compared separately.
             if isinstance(state, dict):
                 state.pop("step", None)

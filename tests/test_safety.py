@@ -1,0 +1,303 @@
+"""Safety: nothing outside the tool's own folders is touched, no code from the current folder runs, no run is
+orphaned or corrupted. Each case was reproduced against the tool before it was fixed."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO, STRATEGIES, cli, start_cli, wait_for_worker, write_spec
+from offloadlab import preflight
+from offloadlab.rundir import RunDir, RunDirError
+from offloadlab.store import DB_NAME, RunStore
+
+OFFLOADLAB = str(Path(sys.executable).parent / "offloadlab")  # the console script, as a user starts it
+FSDP2 = dict(name="fsdp2", engine="fsdp2")
+
+
+def flat(text: str) -> str:
+    """Output with rich's line wrapping undone, so a message is found whatever the terminal width."""
+    return " ".join(text.replace("│", " ").split())
+
+
+def _worker_pids(run_dir: Path) -> list[int]:
+    pids = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "offloadlab.worker" in cmdline and str(run_dir) in cmdline:
+            pids.append(proc.pid)
+    return pids
+
+
+def _gone(pids: list[int], timeout: float = 30) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("name", ["../..", "a/b", ".hidden", "x y"])
+def test_unsafe_strategy_names_are_refused_before_anything_is_made(tmp_path, name):
+    """A strategy named '../..' used to delete the run folder's parent (an earlier run's folder with it)."""
+    earlier = tmp_path / "earlier-run"
+    earlier.mkdir()
+    (earlier / "keep.txt").write_text("an earlier run")
+    spec = write_spec(tmp_path, [FSDP2 | {"name": name}])
+    proc = cli("run", str(spec), "--out", str(tmp_path / "runs" / "r1"), check=False)
+    assert proc.returncode == 2 and "is not a usable name" in flat(proc.stdout), proc.stdout
+    assert (earlier / "keep.txt").read_text() == "an earlier run"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_every_path_in_the_run_folder_stays_inside_it(tmp_path):
+    run_dir = RunDir.at(tmp_path / "run")
+    assert run_dir.checkpoints("ok").parent.parent == run_dir.root
+    with pytest.raises(RunDirError, match="outside the run folder"):
+        run_dir.checkpoints("../../elsewhere")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "scratch").symlink_to(tmp_path)  # a link out of the folder is refused too
+    with pytest.raises(RunDirError, match="outside the run folder"):
+        run_dir.scratch("x")
+
+
+def test_modules_planted_in_the_current_folder_never_run(tmp_path):
+    """`python -m torch.distributed.run` from the user's folder imported a planted torch/ there (every strategy
+    failed with 'planted'), and `offloadlab tui` ran a planted tui/__main__.py."""
+    planted = tmp_path / "cwd"
+    marker = tmp_path / "planted-code-ran"
+    for package in ("torch", "offloadlab", "tui"):
+        (planted / package).mkdir(parents=True)
+        for module in ("__init__.py", "__main__.py"):
+            (planted / package / module).write_text(f"open({str(marker)!r}, 'a').write('{package}')\n")
+    spec = write_spec(tmp_path, [FSDP2], steps=2, verify_checkpoint=False)
+    run = subprocess.run([OFFLOADLAB, "run", str(spec), "--out", str(tmp_path / "run")], cwd=planted,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    tui = subprocess.Popen([OFFLOADLAB, "tui", "--root", str(tmp_path)], cwd=planted, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(8)
+    tui.kill()
+    tui.wait()
+    assert not marker.exists(), marker.read_text()
+
+
+def test_the_restore_check_never_unpickles_code(tmp_path):
+    """A .pt planted in a checkpoint folder was unpickled (weights_only=False) by the restore check."""
+    from offloadlab.engines.deepspeed_engine import digest_checkpoint_files
+
+    marker = tmp_path / "unpickled"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    import torch
+
+    (tmp_path / "state").mkdir()
+    torch.save({"x": Payload()}, tmp_path / "state" / "planted.pt")  # a real checkpoint file, with a payload
+    with pytest.raises(pickle.UnpicklingError):
+        digest_checkpoint_files(tmp_path / "state")
+    assert not marker.exists()
+
+
+def _dead_run_left_running(tmp_path: Path, nvme_root: Path, sig: int) -> tuple[Path, list[int]]:
+    spec = write_spec(tmp_path, [STRATEGIES[1] | {"name": "orphan"}], steps=3000, nvme_path=str(nvme_root))
+    run_dir = tmp_path / "runs" / "r1"
+    proc = start_cli("run", str(spec), "--out", str(run_dir))
+    wait_for_worker(proc, run_dir)
+    pids = _worker_pids(run_dir)
+    assert pids
+    proc.send_signal(sig)
+    proc.communicate(timeout=120)
+    return run_dir, pids
+
+
+def test_a_closed_terminal_stops_the_run_and_cleans_up_like_ctrl_c(tmp_path, nvme_root):
+    run_dir, pids = _dead_run_left_running(tmp_path, nvme_root, signal.SIGHUP)
+    assert _gone(pids)
+    assert not [p for p in nvme_root.iterdir() if p.name.endswith("-orphan")]
+    store = RunStore(run_dir)
+    assert store.run_status() == "interrupted"
+
+
+def test_a_killed_cli_takes_its_workers_with_it_and_the_next_run_removes_its_swap_folder(tmp_path, nvme_root):
+    """SIGKILL of the CLI left torchrun, the worker and the sampler training to the last step (sessions of
+    their own), the swap folder for ever and the store at 'running'."""
+    run_dir, pids = _dead_run_left_running(tmp_path, nvme_root, signal.SIGKILL)
+    assert _gone(pids), "the workers outlived the CLI"
+    swap = [p for p in nvme_root.iterdir() if p.name.endswith("-orphan")]
+    assert swap  # the CLI had no chance to clean: its store records the folder
+    summaries = cli("compare", str(run_dir), "--json")
+    assert '"status": "failed"' in summaries.stdout and "interrupted: offloadlab's process ended" in summaries.stdout
+    spec = write_spec(tmp_path, [FSDP2], steps=1, verify_checkpoint=False)
+    later = cli("run", str(spec), "--out", str(tmp_path / "runs" / "r2"))
+    assert f"marked {run_dir} interrupted" in flat(later.stdout)
+    assert not any(p.exists() for p in swap)
+    assert RunStore(run_dir).run()["status"] == "interrupted"
+
+
+def test_a_second_ctrl_c_does_not_cut_the_cleanup_short(tmp_path, nvme_root):
+    spec = write_spec(tmp_path, [STRATEGIES[1] | {"name": "twice"}], steps=3000, nvme_path=str(nvme_root))
+    run_dir = tmp_path / "run"
+    proc = start_cli("run", str(spec), "--out", str(run_dir))
+    wait_for_worker(proc, run_dir)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "removed the NVMe, checkpoint, scratch and temp folders the run made" in flat(out)
+    assert not [p for p in nvme_root.iterdir() if p.name.endswith("-twice")]
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "scratch").exists()
+
+
+def test_two_runs_into_one_folder_one_is_refused_and_the_other_is_whole(tmp_path):
+    spec = write_spec(tmp_path, [FSDP2], steps=30, verify_checkpoint=False)
+    out = tmp_path / "run"
+    first = start_cli("run", str(spec), "--out", str(out))
+    time.sleep(0.5)
+    second = start_cli("run", str(spec), "--out", str(out))
+    outputs = [p.communicate(timeout=600)[0] for p in (first, second)]
+    codes = sorted(p.returncode for p in (first, second))
+    assert codes == [0, 2], outputs
+    refused = outputs[[first.returncode, second.returncode].index(2)]
+    assert "another offloadlab process is running" in flat(refused) or "exists and is not empty" in flat(refused)
+    store = RunStore(out)
+    (row,) = store.strategies(store.run()["id"])
+    assert row["status"] == "done" and len(store.steps(row["id"])) == 30
+    tune = cli("tune", "--nvme", str(tmp_path), "--quick", "--out", str(out), check=False)
+    assert tune.returncode == 2 and "holds a run store already" in flat(tune.stdout)
+
+
+def test_a_spec_the_plan_says_cannot_fit_is_refused_before_any_work(tmp_path):
+    spec = write_spec(tmp_path, [dict(name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="cpu",
+                                      offload_param="cpu")], model=dict(preset="gpt-70b"), precision="bf16",
+                      verify_checkpoint=False)
+    proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
+    assert proc.returncode == 2, proc.stdout
+    assert "the plan says no strategy of this spec fits this machine (z3 needs host RAM" in flat(proc.stdout)
+    assert "--force runs it anyway" in flat(proc.stdout)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty: not an offloadlab run store"),
+    (b"this is not a database at all" * 200, "is not a readable SQLite database"),
+    (None, "another program's database"),
+    ("truncated", "database disk image is malformed"),
+], ids=["empty", "garbage", "foreign", "truncated"])
+def test_broken_stores_give_one_line_and_are_not_written(tmp_path, world1, content, message):
+    run_dir = tmp_path / "store"
+    run_dir.mkdir()
+    path = run_dir / DB_NAME
+    if content is None:
+        sqlite3.connect(path).execute("CREATE TABLE other (x)").connection.close()
+    elif content == "truncated":
+        whole = (world1 / DB_NAME).read_bytes()
+        path.write_bytes(whole[: len(whole) // 3])
+    else:
+        path.write_bytes(content)
+    before = path.read_bytes()
+    for verb in ("compare", "report"):
+        proc = cli(verb, str(run_dir), check=False)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert message in flat(proc.stdout) and "Traceback" not in proc.stdout + proc.stderr
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in run_dir.iterdir()) == [DB_NAME]
+
+
+def test_reading_a_finished_store_creates_nothing_beside_it(world1, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(world1, copy)
+    before = sorted(p.name for p in copy.iterdir())
+    cli("compare", str(copy))
+    assert sorted(p.name for p in copy.iterdir()) == before  # no -wal / -shm left by a reader
+
+
+def test_text_from_the_store_is_never_read_as_markup(tmp_path):
+    store = RunStore(tmp_path, create_schema=True)
+    run_id = store.add_run("markup", "")
+    strategy_id = store.add_strategy(run_id, "s", "fsdp2", {}, 1)
+    store.set_strategy_status(strategy_id, "failed", "[rank0]: RuntimeError [/] [bold]boom")
+    store.set_run_status(run_id, "done")
+    store.close()
+    proc = cli("compare", str(tmp_path))
+    for literal in ("[rank0]:", "[/]", "[bold]boom"):  # as rich markup these would vanish or raise MarkupError
+        assert literal in proc.stdout
+
+
+def test_a_run_folder_with_glob_characters_verifies_and_is_printed_whole(tmp_path):
+    """DeepSpeed globs the checkpoint path: a folder named '[x]' failed its restore check."""
+    spec = write_spec(tmp_path, [STRATEGIES[0]], steps=2)
+    out = tmp_path / "runs [x]"
+    env_tmp = tmp_path / "tmp"
+    env_tmp.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "offloadlab.cli", "run", str(spec), "--out", str(out)], cwd=REPO,
+                          env={**os.environ, "DS_ACCELERATOR": "cpu", "COLUMNS": "200", "TMPDIR": str(env_tmp)},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"run store: {out}" in flat(proc.stdout)
+    store = RunStore(out)
+    (row,) = store.strategies(store.run()["id"])
+    assert row["checkpoint_verified"] == 1, row["checkpoint_detail"]
+    assert not list(env_tmp.glob("torchelastic_*"))  # torchrun's temp folders went into the run's, removed
+    assert sorted(p.name for p in out.iterdir()) == sorted([".offloadlab.lock", DB_NAME, "logs", "spec.toml"])
+
+
+def test_out_naming_a_file_is_a_clear_error(tmp_path):
+    spec = write_spec(tmp_path, [FSDP2])
+    (tmp_path / "afile").write_text("mine")
+    proc = cli("run", str(spec), "--out", str(tmp_path / "afile"), check=False)
+    assert proc.returncode == 2 and "is a file: pass a folder" in flat(proc.stdout)
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_without_cap_ipc_lock_root_is_held_to_ulimit_l(tmp_path, monkeypatch):
+    """Docker's root has no CAP_IPC_LOCK and a 64 KiB-8 MiB memlock limit: the check was skipped for root and
+    DeepSpeed's pinned allocation aborted the tune (SIGABRT)."""
+    status = tmp_path / "status"
+    status.write_text("CapEff:\t00000000a80425fb\n")  # Docker's default set: no bit 14
+    assert not preflight.has_cap_ipc_lock(status)
+    status.write_text("CapEff:\t000001ffffffffff\n")
+    assert preflight.has_cap_ipc_lock(status)
+    monkeypatch.setattr(preflight, "has_cap_ipc_lock", lambda: False)
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    limit = 8 << 20 if hard == resource.RLIM_INFINITY else min(8 << 20, hard)
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (limit, hard))
+    try:
+        with pytest.raises(preflight.PreflightError, match="ulimit -l is"):
+            preflight.check_pinned_memory(64 << 20)
+    finally:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, hard))
+
+
+def test_a_tune_stopped_mid_sweep_keeps_files_the_user_put_in_its_folder(tmp_path):
+    """Ctrl-C used to remove the whole --out folder, files the user had put there during the tune with it."""
+    out = tmp_path / "tune"
+    proc = start_cli("tune", "--nvme", str(tmp_path), "--out", str(out))
+    deadline = time.time() + 300
+    while not (out / DB_NAME).exists():
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+        time.sleep(0.2)
+    (out / "notes.txt").write_text("mine")
+    proc.send_signal(signal.SIGINT)
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, text
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert "the folder it made stays: it holds files the tune did not write" in flat(text)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("offloadlab-tune-")]
