@@ -52,7 +52,7 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
         return "does_not_fit", f"GPU memory exhausted: {text}"
     if "Not enough buffers" in str(exc):
         return "does_not_fit", f"NVMe swap buffers too few ({text}); raise buffer_count or lower stage3_max_live_parameters"
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "database or disk is full" in str(exc):
         return "does_not_fit", f"disk full: {text}"
     return "failed", text
 

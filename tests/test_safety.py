@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import resource
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 
 from conftest import REPO, STRATEGIES, cli, start_cli, wait_for_worker, write_spec
 from offloadlab import preflight
+from offloadlab.compare import summarize
 from offloadlab.rundir import RunDir, RunDirError
 from offloadlab.store import DB_NAME, RunStore
 
@@ -220,8 +222,6 @@ def test_broken_stores_give_one_line_and_are_not_written(tmp_path, world1, conte
 
 
 def test_reading_a_finished_store_creates_nothing_beside_it(world1, tmp_path):
-    import shutil
-
     copy = tmp_path / "copy"
     shutil.copytree(world1, copy)
     before = sorted(p.name for p in copy.iterdir())
@@ -301,3 +301,33 @@ def test_a_tune_stopped_mid_sweep_keeps_files_the_user_put_in_its_folder(tmp_pat
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     assert "the folder it made stays: it holds files the tune did not write" in flat(text)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("offloadlab-tune-")]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_disk_that_fills_ends_the_run_with_a_clear_message(tmp_path):
+    """A drive that filled during a run crashed the CLI with a raw 'database or disk is full', the next
+    strategy never ran and the store said 'running' for ever."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("this machine lets no tmpfs be mounted")
+    try:
+        spec = write_spec(tmp_path, [FSDP2, FSDP2 | {"name": "next"}], steps=5000, verify_checkpoint=False)
+        run_dir = small / "run"
+        proc = start_cli("run", str(spec), "--out", str(run_dir))
+        wait_for_worker(proc, run_dir)
+        filler = small / "a-users-file"
+        filler.write_bytes(bytes(shutil.disk_usage(small).free - 4096))  # something else fills the drive
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 1, out
+        assert "its store could not be written (database or disk is full)" in flat(out), out
+        assert "Traceback" not in out
+        filler.unlink()
+        store = RunStore(run_dir)
+        assert store.run_status() == "interrupted"
+        summaries = {s.name: s for s in summarize(store)}
+        assert summaries["next"].status == "failed"  # never started: the run ended at the full disk
+        # "does not fit: disk full" when its rank could still write that, else shown as interrupted: never running
+        assert summaries["fsdp2"].status in ("does_not_fit", "failed"), summaries["fsdp2"]
+    finally:
+        subprocess.run(["umount", "-l", str(small)])
