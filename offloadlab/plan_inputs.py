@@ -28,6 +28,14 @@ def _newest_tune(root: Path = Path("runs")) -> Path | None:
     return next((p for p in reversed(tunes) if measure.nvme_from_tune_store(p)), None)
 
 
+def swap_buffers_of(strategy, shape: Shape) -> SwapBuffers:
+    """The parameter swap buffers a strategy asks for when it swaps parameters to NVMe, else DeepSpeed's
+    defaults widened to the largest parameter."""
+    if isinstance(strategy, DeepSpeedStrategy) and strategy.offload_param == "nvme":
+        return SwapBuffers(strategy.buffer_count, strategy.buffer_size, strategy.optimizer_buffer_count)
+    return buffers_for(shape)
+
+
 def _shape(spec: RunSpec, cfg: GPTConfig) -> Shape:
     return Shape.of(cfg, spec.seq_len, spec.micro_batch, spec.grad_accum, spec.precision)
 
@@ -90,7 +98,7 @@ class PlanInputs:
         if pcie_gbps:
             links = replace(links, pcie_h2d=pcie_gbps * 1e9, pcie_d2h=pcie_gbps * 1e9)
         nvme = next((s for s in spec.strategy if isinstance(s, DeepSpeedStrategy) and s.offload_param == "nvme"), None)
-        buffers = SwapBuffers(nvme.buffer_count, nvme.buffer_size, nvme.optimizer_buffer_count) if nvme else buffers_for(shape)
+        buffers = swap_buffers_of(nvme, shape)
         fragment = tuned_dir / "tuned.toml" if tuned_dir and (tuned_dir / "tuned.toml").is_file() else None
         return cls(spec, shape, machine, links, buffers, fragment, spec.model.preset or "custom")
 

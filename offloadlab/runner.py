@@ -283,18 +283,16 @@ def check_fits(spec: RunSpec, console: Console, force: bool) -> None:
     if spec.model.hf_config is not None:
         return  # the planner predicts GPT shapes only
     from offloadlab.model import gpt_config
-    from offloadlab.plan import Placement, Shape, SwapBuffers, buffers_for, predict
-    from offloadlab.plan_inputs import detect_machine
+    from offloadlab.plan import Placement, Shape, predict
+    from offloadlab.plan_inputs import detect_machine, swap_buffers_of
 
     shape = Shape.of(gpt_config(spec.model, spec.seq_len), spec.seq_len, spec.micro_batch, spec.grad_accum,
                      spec.precision)
     machine = detect_machine(spec.nproc, None, None, spec.nvme_path)
     unfit = {}
     for s in spec.strategy:
-        buffers = SwapBuffers(s.buffer_count, s.buffer_size, s.optimizer_buffer_count) \
-            if getattr(s, "offload_param", "none") == "nvme" else buffers_for(shape)
         prediction = predict(Placement.from_strategy(s, spec.model.activation_checkpointing), shape, machine, None,
-                             buffers)
+                             swap_buffers_of(s, shape))
         if not prediction.fits:
             unfit[s.name] = prediction.binding
     if len(unfit) == len(spec.strategy) and not force:
