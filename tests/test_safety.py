@@ -3,6 +3,7 @@ orphaned or corrupted. Each case was reproduced against the tool before it was f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import resource
@@ -303,6 +304,18 @@ def test_a_tune_stopped_mid_sweep_keeps_files_the_user_put_in_its_folder(tmp_pat
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("offloadlab-tune-")]
 
 
+def _fill(path: Path) -> None:
+    """Write until the drive is full: the run writes meanwhile, so a size measured first may not fit."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for chunk in (1 << 20, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, bytes(chunk))
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_disk_that_fills_ends_the_run_with_a_clear_message(tmp_path):
     """A drive that filled during a run crashed the CLI with a raw 'database or disk is full', the next
@@ -317,7 +330,7 @@ def test_a_disk_that_fills_ends_the_run_with_a_clear_message(tmp_path):
         proc = start_cli("run", str(spec), "--out", str(run_dir))
         wait_for_worker(proc, run_dir)
         filler = small / "a-users-file"
-        filler.write_bytes(bytes(shutil.disk_usage(small).free - 4096))  # something else fills the drive
+        _fill(filler)  # something else fills the drive
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 1, out
         assert "its store could not be written (database or disk is full)" in flat(out), out
