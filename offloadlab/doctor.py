@@ -82,12 +82,13 @@ def libaio() -> Finding:
     return Finding("libaio", "found (async_io can build)", True)
 
 
-def aio_events(proc_sys: Path = Path("/proc/sys/fs")) -> Finding:
-    try:
-        limit = int((proc_sys / "aio-max-nr").read_text())
-        used = int((proc_sys / "aio-nr").read_text())
-    except OSError as err:
-        return Finding("fs.aio-max-nr", f"unreadable ({err.strerror})")
+def aio_event_headroom() -> Finding:
+    from offloadlab.preflight import aio_events
+
+    events = aio_events()
+    if events is None:
+        return Finding("fs.aio-max-nr", "unreadable (/proc/sys/fs)")
+    used, limit = events
     # The tuner's largest point and a ZeRO-3 NVMe run's handles each reserve a few thousand events.
     free = limit - used
     return Finding("fs.aio-max-nr", f"{free:,} of {limit:,} events free", free >= 4096,
@@ -145,7 +146,7 @@ def host_and_disk(nvme_path: Path | None) -> list[Finding]:
 
 
 def diagnose(nvme_path: Path | None, build: bool, announce=None) -> list[Finding]:
-    return [*versions(), *op_findings(build, announce), libaio(), aio_events(), *pinned_memory(), *gpus(),
+    return [*versions(), *op_findings(build, announce), libaio(), aio_event_headroom(), *pinned_memory(), *gpus(),
             *host_and_disk(nvme_path)]
 
 

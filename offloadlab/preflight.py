@@ -216,13 +216,20 @@ def check_pinned_memory(pinned_bytes: int) -> None:
         )
 
 
+def aio_events(proc_sys: Path = Path("/proc/sys/fs")) -> tuple[int, int] | None:
+    """(events in use, fs.aio-max-nr), or None where /proc does not say (not Linux, or hidden)."""
+    try:
+        return int((proc_sys / "aio-nr").read_text()), int((proc_sys / "aio-max-nr").read_text())
+    except OSError:
+        return None
+
+
 def check_aio_contexts(events_needed: int, proc_sys: Path = Path("/proc/sys/fs")) -> None:
     """Each aio handle thread reserves queue_depth events out of the kernel-wide fs.aio-max-nr."""
-    try:
-        limit = int((proc_sys / "aio-max-nr").read_text())
-        used = int((proc_sys / "aio-nr").read_text())
-    except OSError:
-        return  # not Linux, or /proc hidden: libaio itself will report a shortage
+    events = aio_events(proc_sys)
+    if events is None:
+        return  # libaio itself will report a shortage
+    used, limit = events
     if limit - used < events_needed:
         raise PreflightError(
             f"fs.aio-max-nr leaves {limit - used} aio events free, {events_needed} needed: "
