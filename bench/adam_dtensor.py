@@ -2,7 +2,7 @@
 
     python bench/adam_dtensor.py [--d-model 1024] [--layers 12]
 
-With CPUOffloadPolicy the optimizer steps DTensors on the CPU; the planner's probe (offloadlab.links)
+With CPUOffloadPolicy the optimizer steps DTensors on the CPU; the planner's probe (offloadlab.measure.links)
 steps one plain tensor. This prints how far apart the two rates are on this machine.
 """
 
@@ -17,7 +17,7 @@ from rich.table import Table
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from offloadlab.links import best_seconds
+from offloadlab.measure.links import best_seconds
 
 
 def stack(d_model: int, layers: int) -> torch.nn.Module:

@@ -36,8 +36,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_accuracy import compare as plan_rows, table as plan_table  # noqa: E402
 
-from offloadlab.compare import summarize  # noqa: E402
-from offloadlab.store import DB_NAME, RunStore  # noqa: E402
+from offloadlab.results.summary import summarize  # noqa: E402
+from offloadlab.results.store import DB_NAME, RunStore  # noqa: E402
 
 console = Console(width=180, record=True)
 commands: list[str] = []

@@ -4,7 +4,7 @@ a probe of 4x the last-level cache, side by side in one run.
     python bench/host_rates.py
 
 A server CPU's L3 can hold a small probe whole and report the cache's rate, not the DRAM rate a step over
-billions of parameters gets; `offloadlab.links` sizes its probes beyond the cache for this.
+billions of parameters gets; `offloadlab.measure.links` sizes its probes beyond the cache for this.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from offloadlab.links import (ADAM_PROBE, HOST_PASSES_PROBE, last_level_cache_bytes, measure_adam_params_per_s,
+from offloadlab.measure.links import (ADAM_PROBE, HOST_PASSES_PROBE, last_level_cache_bytes, measure_adam_params_per_s,
                               measure_host_passes_params_per_s)
 
 # name -> (probe, rate at n elements); the small probe is each one's floor, the size used before.

@@ -28,12 +28,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from offloadlab.compare import summarize
-from offloadlab.links import nvme_from_tune_store
-from offloadlab.plan import Links, Placement, predict
-from offloadlab.plan_inputs import PlanInputs
+from offloadlab.results.summary import summarize
+from offloadlab.measure.links import nvme_from_tune_store
+from offloadlab.plan.predict import Links, Placement, predict
+from offloadlab.plan.inputs import PlanInputs
 from offloadlab.spec import load_spec
-from offloadlab.store import RunStore
+from offloadlab.results.store import RunStore
 
 GOALS = {"gpu": 0.10, "nvme_read": 0.05, "nvme_write": 0.05}
 STEP_TIME_GOAL = 1.5

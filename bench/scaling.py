@@ -22,8 +22,9 @@ import tomli_w
 from rich.console import Console
 from rich.table import Table
 
-from offloadlab.compare import human_bytes, summarize
-from offloadlab.store import RunStore
+from offloadlab.results.summary import summarize
+from offloadlab.results.tables import human_bytes
+from offloadlab.results.store import RunStore
 
 
 def spec_at(raw: dict, nproc: int) -> dict:

@@ -1,10 +1,10 @@
 """Step time with the sampler on vs off, in one process on one built engine, blocks alternating.
 
-    python bench/telemetry_overhead.py SPEC --strategy NAME [--blocks 6 --steps-per-block 5 --hz 10] [--thread]
+    python bench/telemetry_overhead.py SPEC --strategy NAME [--blocks 6 --steps-per-block 5 --hz 10]
 
-Goal (issue 4): under 1% overhead. "process" is the side-process sampler `offloadlab run` uses; --thread
-adds the same loop on a thread of the training process as a third arm (off, process, off, thread, ...),
-to show what sharing the trainer's GIL costs. Alternating blocks on the same engine cancels drift
+Goal (issue 4): under 1% overhead. "process" is the side-process sampler `offloadlab run` uses. (A
+thread in the training process cost +7.0% on an H200 in bench/results/2026-12-02-h200-s3; the tool no
+longer offers it.) Alternating blocks on the same engine cancels drift
 (warm-up, thermal, page cache) that separate runs would fold into the ratio; each sampled block is also
 compared with the mean of the unsampled blocks beside it, and the spread of those ratios says how far to
 trust the median.
@@ -27,12 +27,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from offloadlab.data import TokenSource
+from offloadlab.workload.data import TokenSource
 from offloadlab.engines import DistContext, build_engine
 from offloadlab.spec import load_spec
-from offloadlab.store import RunStore
-from offloadlab.telemetry import Sampler, SamplerProcess
-from offloadlab.worker import vocab_size
+from offloadlab.results.store import RunStore
+from offloadlab.telemetry.sampler import SamplerProcess
+from offloadlab.train.worker import vocab_size
 
 
 def main() -> None:
@@ -42,7 +42,6 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=6)
     parser.add_argument("--steps-per-block", type=int, default=5)
     parser.add_argument("--hz", type=float, default=10.0)
-    parser.add_argument("--thread", action="store_true", help="Also measure the sampler on a thread of this process")
     args = parser.parse_args()
     for key, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0").items():
         os.environ.setdefault(key, value)
@@ -56,12 +55,11 @@ def main() -> None:
         strategy_id = store.add_strategy(store.add_run("overhead", ""), strategy.name, strategy.engine, {}, 0)
         engine = build_engine(spec, strategy, ctx, nvme_dir)
         source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
-        arms = ["process", "thread"] if args.thread else ["process"]
+        arms = ["process"]
         times: dict[str, list[float]] = {arm: [] for arm in ["off", *arms]}
         step = 0
         samplers = {
             "process": lambda: SamplerProcess(run_dir, strategy_id, hz=args.hz, nvme_path=nvme_dir),
-            "thread": lambda: Sampler(run_dir, strategy_id, hz=args.hz, nvme_path=nvme_dir),
         }
 
         def run_block(arm: str) -> None:

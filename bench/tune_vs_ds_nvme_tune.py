@@ -31,9 +31,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from offloadlab.aio_bench import AioBench, AioPoint
-from offloadlab.ops import load_op
-from offloadlab.tune import READ_SHARE, mixed_score
+from offloadlab.measure.aio_bench import AioBench, AioPoint
+from offloadlab.engines.ops import load_op
+from offloadlab.tune.search import READ_SHARE, mixed_score
 
 DS_IO_SIZE = 400 * 1024 * 1024  # ds_nvme_tune's default --io_size "400M"
 WORKLOAD = "both"  # `offloadlab tune`'s default

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from offloadlab.results.status import Status
 from offloadlab.spec import SpecError, load_spec
 
 # Piped output (logs, CI) gets a wide console instead of rich's 80 columns, so tables stay readable.
@@ -32,7 +33,7 @@ def _reading_store(run_dir: Path):
     ends the command with one line, not a traceback."""
     import sqlite3
 
-    from offloadlab.store import StoreError
+    from offloadlab.results.store import StoreError
 
     try:
         yield
@@ -43,8 +44,8 @@ def _reading_store(run_dir: Path):
 
 
 def _read_summaries(run_dir: Path):
-    from offloadlab.compare import summarize
-    from offloadlab.store import RunStore
+    from offloadlab.results.summary import summarize
+    from offloadlab.results.store import RunStore
 
     with _reading_store(run_dir):
         store = RunStore(run_dir)
@@ -59,7 +60,7 @@ def _stdout_for_json_only() -> None:
     to stderr."""
     import logging
 
-    from offloadlab.preflight import choose_deepspeed_accelerator
+    from offloadlab.engines.ops import choose_deepspeed_accelerator
 
     choose_deepspeed_accelerator()
     from deepspeed.utils import logger
@@ -96,8 +97,8 @@ def run(spec_path: Path, out: Path | None, keep_checkpoints: bool, nnodes: int, 
     """Train every strategy of SPEC_PATH side by side, verify checkpoints, and print the comparison."""
     import sqlite3
 
-    from offloadlab.compare import compare_table
-    from offloadlab.runner import Launch, run_spec
+    from offloadlab.results.tables import compare_table
+    from offloadlab.run.runner import Launch, run_spec
 
     try:
         spec = load_spec(spec_path)
@@ -115,7 +116,7 @@ def run(spec_path: Path, out: Path | None, keep_checkpoints: bool, nnodes: int, 
     console.print(compare_table(run_dir, summaries))
     console.print(Text(f"run store: {run_dir}"))
     # "does not fit" is an answer about the model; a failure or an unverified restore is something to fix.
-    broken = [s.name for s in summaries if s.status == "failed" or s.checkpoint_verified is False]
+    broken = [s.name for s in summaries if s.status is Status.FAILED or s.checkpoint_verified is False]
     if broken:
         console.print(Text.assemble(("failed: ", "bold red"), f"{', '.join(broken)} (reasons above; logs in "
                                     f"{run_dir / 'logs'})"))
@@ -127,7 +128,7 @@ def run(spec_path: Path, out: Path | None, keep_checkpoints: bool, nnodes: int, 
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def compare(run_dir: Path, as_json: bool) -> None:
     """Print a finished or running run's strategies side by side."""
-    from offloadlab.compare import compare_table
+    from offloadlab.results.tables import compare_table
 
     summaries = _read_summaries(run_dir)
     if as_json:
@@ -141,7 +142,7 @@ def compare(run_dir: Path, as_json: bool) -> None:
 @click.option("--out", type=click.Path(path_type=Path), help="The HTML file (default RUN_DIR/report.html).")
 def report(run_dir: Path, out: Path | None) -> None:
     """Write a self-contained HTML report with plots of every strategy side by side."""
-    from offloadlab.report import write_report
+    from offloadlab.results.report import write_report
 
     with _reading_store(run_dir):
         path = write_report(run_dir, out)
@@ -162,13 +163,13 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
     """Measure DeepSpeed aio settings on NVME and write the fastest as a config fragment."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from offloadlab.aio_bench import DEEPSPEED_DEFAULT
-    from offloadlab.ops import announce_on
-    from offloadlab.rundir import DB_NAME, RunDir, RunDirError, signals_ignored
-    from offloadlab.store import RunStore
-    from offloadlab.swap_buffers import plan_swap_buffers
-    from offloadlab.tune import READ_SHARE, Tuner, TuneSettings
-    from offloadlab.tune_output import plan_table, point_row, points_table, store_rows, summary_table, write_fragments
+    from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT
+    from offloadlab.engines.ops import announce_on
+    from offloadlab.results.rundir import DB_NAME, RunDir, RunDirError, signals_ignored
+    from offloadlab.results.store import RunStore
+    from offloadlab.tune.swap_buffers import plan_swap_buffers
+    from offloadlab.tune.search import READ_SHARE, Tuner, TuneSettings
+    from offloadlab.tune.output import plan_table, point_row, points_table, store_rows, summary_table, write_fragments
 
     if as_json:
         _stdout_for_json_only()
@@ -231,7 +232,7 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
     toml_path, json_path = write_fragments(result, plan, out_dir.root)
     store.set_run_spec(run_id, toml_path.read_text())
     store.upsert_tune_points(run_id, store_rows(result))
-    store.set_run_status(run_id, "done")
+    store.set_run_status(run_id, Status.DONE)
     if as_json:
         click.echo(json.dumps({"fragment": str(toml_path), "best": result.best.point.as_config(),
                                "read_gbps": result.best.read_gbps, "write_gbps": result.best.write_gbps,
@@ -269,8 +270,8 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
 def plan(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, gpu_mem, host_mem, nvme_path, tflops, pcie,
          tuned_dir, write_dir, chosen, largest, as_json) -> None:
     """Predict memory and a step-time bound for every placement on this machine, rank what fits."""
-    from offloadlab.plan_output import breakdown_table, plan_table, write_plan
-    from offloadlab.plan_inputs import PlanInputs
+    from offloadlab.plan.output import breakdown_table, plan_table, write_plan
+    from offloadlab.plan.inputs import PlanInputs
 
     if as_json:
         _stdout_for_json_only()
@@ -281,10 +282,10 @@ def plan(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, g
                                    gpus, gpu_mem, host_mem, nvme_path, tuned_dir, console, tflops, pcie)
     except SpecError as err:
         _fail(str(err))
-    from offloadlab.plan import largest_model, plan as make_plan, why_winner
+    from offloadlab.plan.predict import largest_model, plan as make_plan, why_winner
 
     if largest:
-        from offloadlab.model import PRESETS
+        from offloadlab.workload.model import PRESETS
 
         found = largest_model(PRESETS, inputs.shape_of, inputs.machine, inputs.links)
         if found is None:
@@ -315,8 +316,8 @@ def plan(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, g
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor(nvme_path: Path | None, build: bool, as_json: bool) -> None:
     """Versions, DeepSpeed's ops, libaio, locked-memory limits, GPUs, RAM and disk: paste it into bug reports."""
-    from offloadlab.doctor import as_json as findings_json, diagnose, findings_table
-    from offloadlab.ops import announce_on
+    from offloadlab.checks.doctor import as_json as findings_json, diagnose, findings_table
+    from offloadlab.engines.ops import announce_on
 
     if as_json:
         _stdout_for_json_only()
@@ -359,10 +360,11 @@ def _verify_tuned(spec_path: Path, fragment: Path, nvme_path: Path, out_dir: Pat
     """Two real steps of the spec's NVMe strategies with the tuned fragment included."""
     import tomllib
 
-    from offloadlab.compare import compare_table, summarize
-    from offloadlab.runner import Launch, run_spec
+    from offloadlab.results.summary import summarize
+    from offloadlab.results.tables import compare_table
+    from offloadlab.run.runner import Launch, run_spec
     from offloadlab.spec import apply_tuned, parse_spec
-    from offloadlab.store import RunStore
+    from offloadlab.results.store import RunStore
 
     raw = tomllib.loads(spec_path.read_text())
     raw.update(steps=2, verify_checkpoint=False, nvme_path=str(nvme_path.resolve()), name="tune-verify")
@@ -371,7 +373,7 @@ def _verify_tuned(spec_path: Path, fragment: Path, nvme_path: Path, out_dir: Pat
     run_dir = run_spec(parse_spec(raw, f"{spec_path} (tuned)"), out_dir / "verify", Launch(), console)
     summaries = summarize(RunStore(run_dir))
     console.print(compare_table(run_dir, summaries))
-    if any(s.status != "done" for s in summaries):
+    if any(s.status is not Status.DONE for s in summaries):
         _fail("the tuned settings did not train: see the table above")
 
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import tomli_w
 
-from offloadlab.store import RunStore, StoreError
+from offloadlab.results.store import RunStore, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,7 +109,7 @@ def wait_for_worker(proc: subprocess.Popen, run_dir: Path, timeout: float = 300)
                         cmdline = " ".join(child.cmdline())
                     except psutil.Error:
                         continue  # a process that exited while listed
-                    if "offloadlab.worker" in cmdline and "torch.distributed.run" not in cmdline:
+                    if "offloadlab.train.worker" in cmdline and "torch.distributed.run" not in cmdline:
                         return child
         time.sleep(0.2)
     raise AssertionError("the first strategy never trained a step")

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import REPO, write_spec
 
-from offloadlab.checkpoint import latest_checkpoint, restore_and_check, save_atomic
+from offloadlab.train.checkpoint import latest_checkpoint, restore_and_check, save_atomic
 from offloadlab.engines.base import DistContext, Engine, digest_tree
 
 
@@ -86,10 +86,10 @@ def test_no_checkpoint_is_a_clear_error(tmp_path):
 DIGEST_PEAK_SCRIPT = """
 import json, sys
 from pathlib import Path
-from offloadlab.data import TokenSource
+from offloadlab.workload.data import TokenSource
 from offloadlab.engines import DistContext, build_engine
 from offloadlab.spec import load_spec
-from offloadlab.worker import vocab_size
+from offloadlab.train.worker import vocab_size
 
 def status_bytes(key):
     line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(key))

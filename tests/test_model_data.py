@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from offloadlab.data import TokenSource
-from offloadlab.model import PRESETS, build_model, gpt_config
+from offloadlab.workload.data import TokenSource
+from offloadlab.workload.model import PRESETS, build_model, gpt_config
 from offloadlab.spec import DataSpec, ModelSpec
 
 
@@ -65,7 +65,7 @@ def test_hugging_face_config_builds_without_weights(tmp_path):
 
 @pytest.mark.parametrize("preset", ["tiny", "small-cpu"])
 def test_the_planners_parameter_list_is_the_built_models(preset):
-    from offloadlab.model import build_model, gpt_config
+    from offloadlab.workload.model import build_model, gpt_config
     from offloadlab.spec import ModelSpec
 
     spec = ModelSpec(preset=preset)

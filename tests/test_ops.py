@@ -16,10 +16,10 @@ import psutil
 import pytest
 
 from conftest import REPO, cli, write_spec
-from offloadlab import ops
-from offloadlab.store import RunStore
+from offloadlab.engines import ops
+from offloadlab.results.store import RunStore
 
-LOAD = "import sys; from offloadlab.ops import is_built, load_op; print('built before:', is_built(sys.argv[1])); " \
+LOAD = "import sys; from offloadlab.engines.ops import is_built, load_op; print('built before:', is_built(sys.argv[1])); " \
        "load_op(sys.argv[1])"
 
 

@@ -15,8 +15,8 @@ from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
 from conftest import cli, load_bench, write_spec
-from offloadlab.model import PRESETS
-from offloadlab.plan import (GiB, Links, Machine, Placement, Shape, deepspeed_model_states, deepspeed_sub_groups, plan,
+from offloadlab.workload.model import PRESETS
+from offloadlab.plan.predict import (GiB, Links, Machine, Placement, Shape, deepspeed_model_states, deepspeed_sub_groups, plan,
                              predict, step_bytes, step_time_bound, why_winner)
 from offloadlab.spec import load_spec
 
@@ -242,8 +242,8 @@ def test_predicted_nvme_bytes_per_step_hold_on_a_real_zero_infinity_run(tmp_path
 
 
 def test_plan_largest_finds_the_biggest_gpt_that_fits_and_one_more_layer_does_not(tmp_path):
-    from offloadlab.model import GPTConfig
-    from offloadlab.plan import Links, Machine, Shape, buffers_for, plan
+    from offloadlab.workload.model import GPTConfig
+    from offloadlab.plan.predict import Links, Machine, Shape, buffers_for, plan
 
     proc = cli("plan", "--largest", "--gpus", "1", "--gpu-mem", "24", "--host-mem", "64", "--nvme", str(tmp_path),
                "--tflops", "100", "--pcie", "25", "--json")
@@ -271,10 +271,10 @@ H200_STORES = {"2026-12-02-h200-s3/zero3-nvme-1.4b": ["zero3-nvme"],
 def test_predictions_hold_for_what_an_h200_measured_at_1_4b(store):
     """Issue 6's goals against the committed H200 runs of configs/gpt1.4b_h200.toml: peak GPU allocated
     within 10%, NVMe bytes per step within 5%. (A `-tuned` twin differs from its strategy only in aio.)"""
-    from offloadlab.compare import summarize
-    from offloadlab.model import gpt_config
-    from offloadlab.plan import predict_memory
-    from offloadlab.store import RunStore
+    from offloadlab.results.summary import summarize
+    from offloadlab.workload.model import gpt_config
+    from offloadlab.plan.predict import predict_memory
+    from offloadlab.results.store import RunStore
 
     spec = load_spec(Path("configs/gpt1.4b_h200.toml"))
     shape = Shape.of(gpt_config(spec.model, spec.seq_len), spec.seq_len, spec.micro_batch, spec.grad_accum, spec.precision)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cli, write_spec
-from offloadlab.preflight import PreflightError, check_direct_io, check_directory, check_disk_for_run, check_free_disk
+from offloadlab.checks.host import PreflightError, check_direct_io, check_directory, check_free_disk
+from offloadlab.run.preflight import check_disk_for_run
 from offloadlab.spec import load_spec
 
 NVME_STRATEGY = dict(name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
@@ -69,7 +70,7 @@ def _model_of(n_params_target: int) -> dict:
 def test_run_counts_the_checkpoint_beside_the_swap_folder_on_one_drive(tmp_path):
     """A ZeRO-3 NVMe strategy whose swap folder fits the free disk, but not with its checkpoint and the
     restore check's second copy on the same drive: refused before any process starts, with the fixes named."""
-    from offloadlab.model import gpt_config
+    from offloadlab.workload.model import gpt_config
     from offloadlab.spec import ModelSpec
 
     free = shutil.disk_usage(tmp_path).free

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from conftest import STRATEGIES, cli, start_cli, wait_for_worker, write_spec
-from offloadlab.compare import summarize
-from offloadlab.store import RunStore
+from offloadlab.results.summary import summarize
+from offloadlab.results.store import RunStore
 
 def _losses(run_dir: Path) -> dict[str, list[float]]:
     store = RunStore(run_dir)
@@ -131,7 +131,7 @@ def test_ctrl_c_stops_the_job_and_removes_what_the_run_created(tmp_path, nvme_ro
 
 def test_collective_volume_is_recorded_per_rank_and_step(world2):
     """Both engines reduce-scatter every fp32 gradient once a step at world size 2, on each rank."""
-    from offloadlab.model import gpt_config
+    from offloadlab.workload.model import gpt_config
     from offloadlab.spec import ModelSpec
 
     gradient_bytes = 4 * gpt_config(ModelSpec(preset="tiny"), 32).n_params
@@ -150,9 +150,9 @@ def test_model_facts_are_recorded_and_mfu_follows_from_them(world1, world2):
     """Both engines count every parameter (ZeRO-3 partitions at full size); MFU is per GPU over the peak table."""
     from dataclasses import replace
 
-    from offloadlab import metrics
-    from offloadlab.compare import _model_facts
-    from offloadlab.model import gpt_config
+    from offloadlab.results import figures
+    from offloadlab.results.summary import _model_facts
+    from offloadlab.workload.model import gpt_config
     from offloadlab.spec import ModelSpec
 
     cfg = gpt_config(ModelSpec(preset="tiny"), 32)
@@ -165,7 +165,7 @@ def test_model_facts_are_recorded_and_mfu_follows_from_them(world1, world2):
             assert summary.mfu_percent is None  # a CPU has no entry in the peak table
     on_h200 = replace(facts, device_name="NVIDIA H200", precision="bf16")
     per_gpu_flops = 1e5 / 2 * (6 * cfg.n_params + 12 * cfg.n_layers * cfg.d_model * 32)
-    assert metrics.mfu_percent(1e5, on_h200) == pytest.approx(100 * per_gpu_flops / 989e12)
+    assert figures.mfu_percent(1e5, on_h200) == pytest.approx(100 * per_gpu_flops / 989e12)
 
 
 def test_a_world_2_fsdp2_checkpoint_is_restored_and_verified_at_world_1(world2):
@@ -188,7 +188,7 @@ def test_a_world_2_fsdp2_checkpoint_is_restored_and_verified_at_world_1(world2):
 
 
 def test_workers_get_exact_pinned_sizes_unless_the_user_set_allocator_options(tmp_path):
-    from offloadlab.runner import PINNED_EXACT_ABOVE, worker_env
+    from offloadlab.run.runner import PINNED_EXACT_ABOVE, worker_env
 
     assert worker_env({}, tmp_path)["PYTORCH_ALLOC_CONF"] == PINNED_EXACT_ABOVE
     for key in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):

@@ -19,10 +19,10 @@ import psutil
 import pytest
 
 from conftest import REPO, STRATEGIES, cli, start_cli, wait_for_worker, write_spec
-from offloadlab import preflight
-from offloadlab.compare import summarize
-from offloadlab.rundir import RunDir, RunDirError
-from offloadlab.store import DB_NAME, RunStore
+from offloadlab.checks import host as preflight
+from offloadlab.results.summary import summarize
+from offloadlab.results.rundir import RunDir, RunDirError
+from offloadlab.results.store import DB_NAME, RunStore
 
 OFFLOADLAB = str(Path(sys.executable).parent / "offloadlab")  # the console script, as a user starts it
 FSDP2 = dict(name="fsdp2", engine="fsdp2")
@@ -37,7 +37,7 @@ def _worker_pids(run_dir: Path) -> list[int]:
     pids = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if "offloadlab.worker" in cmdline and str(run_dir) in cmdline:
+        if "offloadlab.train.worker" in cmdline and str(run_dir) in cmdline:
             pids.append(proc.pid)
     return pids
 

@@ -14,11 +14,11 @@ import psutil
 import pytest
 
 from conftest import cli, write_spec
-from offloadlab.block_devices import read_diskstats, resolve_block_devices
-from offloadlab.compare import summarize
-from offloadlab.step_telemetry import CumulativeSeries
-from offloadlab.store import RunStore
-from offloadlab.telemetry import GPU_FIELDS, NvmlReader, Sampler, SamplerProcess
+from offloadlab.telemetry.block_devices import read_diskstats, resolve_block_devices
+from offloadlab.results.summary import summarize
+from offloadlab.results.steps import CumulativeSeries
+from offloadlab.results.store import RunStore
+from offloadlab.telemetry.sampler import GPU_FIELDS, NvmlReader, Sampler, SamplerProcess
 
 SWAPPING = [
     # small-cpu's matrices are over DeepSpeed's 1 MiB swap threshold, so they really go to the drive.

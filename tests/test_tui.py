@@ -19,9 +19,10 @@ import pytest
 from textual.widgets import DataTable, Sparkline, Static
 
 from conftest import cli, wait_for_worker
-from offloadlab.compare import human_bytes, summarize
-from offloadlab.rundir import RunDir
-from offloadlab.store import DB_NAME, RunStore, StepRecord
+from offloadlab.results.summary import summarize
+from offloadlab.results.tables import human_bytes
+from offloadlab.results.rundir import RunDir
+from offloadlab.results.store import DB_NAME, RunStore, StepRecord
 from tui import processes
 from tui.app import OffloadlabApp
 from tui.reader import ReaderError, find_runs, read_run

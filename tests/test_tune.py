@@ -11,12 +11,12 @@ import pytest
 from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
 
 from conftest import cli, start_cli, write_spec
-from offloadlab.aio_bench import DEEPSPEED_DEFAULT, AioPoint, check_io_size
+from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT, AioPoint, check_io_size
 from offloadlab.engines.deepspeed_engine import deepspeed_config
-from offloadlab.preflight import PreflightError, check_aio_contexts, check_pinned_memory
+from offloadlab.checks.host import PreflightError, check_aio_contexts, check_pinned_memory
 from offloadlab.spec import load_spec
-from offloadlab.swap_buffers import max_params_in_window, plan_swap_buffers
-from offloadlab.tune import WORK_PREFIX, Tuner, TuneSettings, mixed_score, neighbours
+from offloadlab.tune.swap_buffers import max_params_in_window, plan_swap_buffers
+from offloadlab.tune.search import WORK_PREFIX, Tuner, TuneSettings, mixed_score, neighbours
 
 NVME_STRATEGY = dict(name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
                      buffer_size=1_000_000)
@@ -79,7 +79,7 @@ def test_a_run_spec_including_the_fragment_hands_deepspeed_the_tuned_values(tune
 
 
 def test_tune_results_are_in_the_run_store(tuned):
-    from offloadlab.store import RunStore
+    from offloadlab.results.store import RunStore
 
     _, out, result = tuned
     store = RunStore(out)

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from offloadlab.compare import StrategySummary, summarize
-from offloadlab.store import DB_NAME, RunStore, StoreError
+from offloadlab.results.summary import StrategySummary, summarize
+from offloadlab.results.store import DB_NAME, RunStore, StoreError
 
 TUNE_RUN_NAME = "tune"
 

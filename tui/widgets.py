@@ -8,7 +8,8 @@ from textual.containers import Grid, Vertical
 from textual.reactive import reactive
 from textual.widgets import DataTable, Label, Sparkline, Static
 
-from offloadlab.compare import StrategySummary, human_bytes
+from offloadlab.results.summary import StrategySummary
+from offloadlab.results.tables import human_bytes
 from tui.reader import RunView, StrategyView, TunePoint, TuneView
 
 STATUS_STYLE = {"done": "green", "does_not_fit": "yellow", "failed": "red", "running": "cyan", "pending": "dim"}

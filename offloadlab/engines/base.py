@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from offloadlab.data import Batch
-from offloadlab.metrics import DeviceMemory, device_memory
+from offloadlab.workload.data import Batch
+from offloadlab.telemetry.probes import DeviceMemory, device_memory
 
 
 @dataclass(frozen=True)

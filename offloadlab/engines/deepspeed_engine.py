@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from offloadlab.data import Batch
+from offloadlab.workload.data import Batch
 from offloadlab.engines.base import DistContext, Engine, digest_tree, global_mean, lm_loss, tensor_digest
-from offloadlab.model import build_model
-from offloadlab.ops import load_op
-from offloadlab.preflight import choose_deepspeed_accelerator
+from offloadlab.workload.model import build_model
+from offloadlab.engines.ops import choose_deepspeed_accelerator, load_op
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
 
 CHECKPOINT_TAG = "state"

@@ -14,9 +14,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from offloadlab.data import Batch
+from offloadlab.workload.data import Batch
 from offloadlab.engines.base import DistContext, Engine, digest_tree, global_mean, lm_loss, tensor_digest
-from offloadlab.model import build_model
+from offloadlab.workload.model import build_model
 from offloadlab.spec import FSDP2Strategy, RunSpec
 
 PROGRESS_FILE = "progress.json"

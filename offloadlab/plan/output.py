@@ -9,7 +9,7 @@ from pathlib import Path
 import tomli_w
 from rich.table import Table
 
-from offloadlab.plan import HOST_BASELINE_BYTES, GiB, Prediction
+from offloadlab.plan.predict import HOST_BASELINE_BYTES, GiB, Prediction
 from offloadlab.spec import RunSpec, load_spec
 
 

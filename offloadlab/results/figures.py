@@ -1,18 +1,10 @@
-"""Every per-step figure is computed here: memory peaks, host RSS, tokens/s and MFU.
-
-Peak GPU figures come from `torch.cuda.memory_stats()` after `reset_peak_memory_stats()` at each step's
-start, so each step reports its own peak, as torchtitan does.
-"""
+"""The arithmetic of a run's figures: tokens/s, model FLOPs and MFU, the steady steps and their medians.
+Plain numbers in, plain numbers out (no torch), so the planner, the trainer and every reader share it."""
 
 from __future__ import annotations
 
-import resource
 import statistics
-import threading
 from dataclasses import dataclass
-from pathlib import Path
-
-import torch
 
 # Dense peak TFLOP/s per GPU (no sparsity) by precision, from the vendors' datasheets. MFU divides achieved
 # model FLOP/s by these; a GPU missing here reports no MFU rather than a guessed one.
@@ -24,58 +16,6 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "A10G": {"bf16": 125.0, "fp32": 31.2},
     "RTX 4090": {"bf16": 165.2, "fp32": 82.6},
 }
-
-
-@dataclass(frozen=True)
-class DeviceMemory:
-    peak_allocated_bytes: int | None
-    peak_reserved_bytes: int | None
-    peak_active_bytes: int | None
-
-
-def reset_device_peaks() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-
-
-def device_memory() -> DeviceMemory:
-    """Peaks since the last reset; None on a machine without CUDA."""
-    if not torch.cuda.is_available():
-        return DeviceMemory(None, None, None)
-    stats = torch.cuda.memory_stats()
-    return DeviceMemory(
-        peak_allocated_bytes=stats.get("allocated_bytes.all.peak"),
-        peak_reserved_bytes=stats.get("reserved_bytes.all.peak"),
-        peak_active_bytes=stats.get("active_bytes.all.peak"),
-    )
-
-
-def host_rss_peak_bytes() -> int:
-    """This process's lifetime peak resident set (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-# Threads whose I/O is bookkeeping (the sampler's SQLite writes), not the strategy's swapping.
-_IO_EXCLUDED_TIDS: set[int] = set()
-
-
-def exclude_this_thread_from_io() -> None:
-    _IO_EXCLUDED_TIDS.add(threading.get_native_id())
-
-
-def process_io_bytes() -> tuple[int, int]:
-    """(read, written) block-layer bytes of this process's threads, DeepSpeed's aio threads included."""
-    read = written = 0
-    for task in Path("/proc/self/task").iterdir():
-        if int(task.name) in _IO_EXCLUDED_TIDS:
-            continue
-        try:
-            fields = dict(line.split(": ") for line in (task / "io").read_text().splitlines())
-        except OSError:
-            continue  # the thread ended between listing and reading
-        read += int(fields["read_bytes"])
-        written += int(fields["write_bytes"])
-    return read, written
 
 
 def tokens_per_s(tokens: int, seconds: float) -> float:
@@ -115,10 +55,6 @@ class ModelFacts:
     @property
     def flops_per_token(self) -> float:
         return flops_per_token(self.n_params, self.n_layers, self.d_model, self.seq_len)
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def mfu_percent(tokens_per_s: float, facts: ModelFacts) -> float | None:

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import torch
 
-from offloadlab import metrics
-from offloadlab.checkpoint import save_atomic
-from offloadlab.comm_meter import CommMeter
-from offloadlab.data import TokenSource
+from offloadlab.results.figures import tokens_per_s
+from offloadlab.telemetry import probes
+from offloadlab.train.checkpoint import save_atomic
+from offloadlab.train.comm_meter import CommMeter
+from offloadlab.workload.data import TokenSource
 from offloadlab.engines.base import Engine
 from offloadlab.spec import RunSpec
-from offloadlab.store import RunStore, StepRecord
+from offloadlab.results.store import RunStore, StepRecord
 
 
 @dataclass(frozen=True)
@@ -42,25 +43,25 @@ def run_steps(
     comm.drain()  # what the engine's construction exchanged is not a step's
     for step in range(window.first, window.last + 1):
         batches = source.micro_batches(step - 1, ctx.rank, ctx.world_size, spec.micro_batch, spec.grad_accum)
-        metrics.reset_device_peaks()
-        read_before, written_before = metrics.process_io_bytes()
+        probes.reset_device_peaks()
+        read_before, written_before = probes.process_io_bytes()
         t_start = time.time()
         loss = engine.train_step(batches)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
         t_end = time.time()
-        read_after, written_after = metrics.process_io_bytes()
+        read_after, written_after = probes.process_io_bytes()
         memory = engine.memory_stats()
         record = StepRecord(
             step=step,
             loss=loss,
             t_start=t_start,
             t_end=t_end,
-            tokens_per_s=metrics.tokens_per_s(tokens_per_step, t_end - t_start),
+            tokens_per_s=tokens_per_s(tokens_per_step, t_end - t_start),
             peak_allocated_bytes=memory.peak_allocated_bytes,
             peak_reserved_bytes=memory.peak_reserved_bytes,
             peak_active_bytes=memory.peak_active_bytes,
-            host_rss_peak_bytes=metrics.host_rss_peak_bytes(),
+            host_rss_peak_bytes=probes.host_rss_peak_bytes(),
             disk_read_bytes=read_after - read_before,
             disk_write_bytes=written_after - written_before,
             phase=window.phase,

@@ -6,7 +6,7 @@ import bisect
 import statistics
 from dataclasses import dataclass
 
-from offloadlab.store import RunStore, StepRecord
+from offloadlab.results.store import RunStore, StepRecord
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from offloadlab.aio_bench import DEEPSPEED_DEFAULT, AioBench, AioPoint, Throughput, measure_direct_io_baseline
-from offloadlab.links import PcieSpeed, measure_pinned_copy
-from offloadlab.ops import Announce, load_op
-from offloadlab.rundir import signals_ignored
-from offloadlab.preflight import (PreflightError, check_aio_contexts, check_direct_io, check_directory, check_free_disk,
+from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT, AioBench, AioPoint, Throughput, measure_direct_io_baseline
+from offloadlab.measure.links import PcieSpeed, measure_pinned_copy
+from offloadlab.engines.ops import Announce, load_op
+from offloadlab.results.rundir import signals_ignored
+from offloadlab.checks.host import (PreflightError, check_aio_contexts, check_direct_io, check_directory, check_free_disk,
                                   check_pinned_memory)
 
 # Share of swap bytes that are reads, per step. Parameters (16-bit): read in forward and again in

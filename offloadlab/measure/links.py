@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-from offloadlab.metrics import flops_per_token
-from offloadlab.model import Block, GPTConfig
+from offloadlab.results.figures import flops_per_token
+from offloadlab.results.status import Status
+from offloadlab.workload.model import Block, GPTConfig
 
 
 def best_seconds(run, repeats: int, cuda: bool) -> float:
@@ -97,7 +98,7 @@ def measure_adam_params_per_s(kind: str, device: str = "cpu", numel: int | None 
     if kind == "deepspeed-cpu":
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        from offloadlab.ops import load_op
+        from offloadlab.engines.ops import load_op
 
         load_op("cpu_adam")
         optimizer = DeepSpeedCPUAdam([param], lr=1e-4)
@@ -151,7 +152,7 @@ def measure_block_flops(cfg: GPTConfig, seq_len: int, micro_batch: int, precisio
 
 def nvme_from_tune_store(tune_dir: Path) -> tuple[float, float, str] | None:
     """(read B/s, write B/s, source) of a finished `offloadlab tune` run's best point."""
-    from offloadlab.store import DB_NAME, RunStore
+    from offloadlab.results.store import DB_NAME, RunStore
 
     if not (tune_dir / DB_NAME).is_file():
         return None
@@ -159,7 +160,7 @@ def nvme_from_tune_store(tune_dir: Path) -> tuple[float, float, str] | None:
     try:
         run = store.run()
         best = [r for r in store.tune_points(run["id"]) if r["is_best"]]
-        if run["status"] != "done" or not best:
+        if run["status"] != Status.DONE or not best:
             return None
         return best[0]["read_gbps"] * 1e9, best[0]["write_gbps"] * 1e9, f"tune results in {tune_dir}"
     finally:
@@ -171,9 +172,9 @@ def measure_nvme_quick(nvme_path: Path, io_size: int = 64 << 20) -> tuple[float,
     import shutil
     import uuid
 
-    from offloadlab.aio_bench import DEEPSPEED_DEFAULT, AioBench
-    from offloadlab.ops import load_op
-    from offloadlab.preflight import check_direct_io, check_directory, check_free_disk
+    from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT, AioBench
+    from offloadlab.engines.ops import load_op
+    from offloadlab.checks.host import check_direct_io, check_directory, check_free_disk
 
     check_directory(nvme_path, "--nvme")
     check_direct_io(nvme_path, "--nvme")

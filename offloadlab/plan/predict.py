@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from offloadlab.metrics import flops_per_token
-from offloadlab.model import GPTConfig
+from offloadlab.results.figures import flops_per_token
+from offloadlab.workload.model import GPTConfig
 
 GiB = 1 << 30
 # Resident host bytes of a training process before any model state (Python, torch, the runtime);

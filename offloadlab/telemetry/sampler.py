@@ -1,16 +1,15 @@
 """The sampler: records GPU (NVML), host (psutil) and disk (diskstats) figures into the run store while a
 strategy trains, on the same clock (time.time) as step and phase events.
 
-`Sampler` is the sampling loop on a background thread; `SamplerProcess` runs it in a process of its own,
-which is how `offloadlab run` uses it. A thread in the training process shares its GIL (psutil, /proc
-reads and SQLite inserts are Python) with a training loop that is often launch-bound. On an H200
-(bench/results/2026-12-02-h200-s3, launch-bound FSDP2 step, ±6% from block to block) the thread cost
-+7.0% over 10 sampled blocks and the side process +0.3% over 15. NVML's PCIe throughput getter blocks
+`SamplerProcess` starts the sampling loop (`Sampler`, on a thread) in a process of its own: a thread in
+the training process would share its GIL (psutil, /proc reads and SQLite inserts are Python) with a
+training loop that is often launch-bound. On an H200 (bench/results/2026-12-02-h200-s3, launch-bound FSDP2
+step, ±6% from block to block) a thread there cost +7.0% over 10 sampled blocks, the side process +0.3%. NVML's PCIe throughput getter blocks
 ~20 ms per call wherever it runs.
 Each NVML getter is read on its own: a field the GPU does not support is recorded as absent, never the
 whole sample.
 
-    python -m offloadlab.telemetry --run-dir D --strategy-id N --hz 10 [--nvme-path P] [--root-pid PID]
+    python -m offloadlab.telemetry.sampler --run-dir D --strategy-id N --hz 10 [--nvme-path P] [--root-pid PID]
 samples until its stdin closes (the parent exits or says stop) or it gets SIGTERM.
 """
 
@@ -29,8 +28,8 @@ from typing import Callable, Protocol
 
 import psutil
 
-from offloadlab.block_devices import BlockDevices, read_diskstats, resolve_block_devices
-from offloadlab.store import RunStore
+from offloadlab.telemetry.block_devices import BlockDevices, read_diskstats, resolve_block_devices
+from offloadlab.results.store import RunStore
 
 GPU_FIELDS = ("util(%)", "mem_used(B)", "pcie_tx(B/s)", "pcie_rx(B/s)", "power(W)", "temp(C)")
 
@@ -87,18 +86,13 @@ class _DiskState:
 
 
 class Sampler:
-    """Start it around training (`with Sampler(...)`); it flushes samples to the store in batches.
-
-    in_side_process: this process only samples (`SamplerProcess`'s child): its own RSS is not the
-    training's, and there is no step I/O here to keep the store's writes out of.
-    """
+    """The sampling loop of `SamplerProcess`'s child (`with Sampler(...)`); it flushes samples to the store
+    in batches. This process only samples: its own RSS is not counted as the training's."""
 
     def __init__(self, run_dir: Path, strategy_id: int, hz: float = 10.0, nvme_path: Path | None = None,
-                 root_pid: int | None = None, gpu_reader: GpuReader | None | str = "nvml", flush_every_s: float = 1.0,
-                 in_side_process: bool = False):
+                 root_pid: int | None = None, gpu_reader: GpuReader | None | str = "nvml", flush_every_s: float = 1.0):
         self.run_dir, self.strategy_id, self.period = run_dir, strategy_id, 1.0 / hz
         self.root = psutil.Process(root_pid or os.getpid())
-        self.in_side_process = in_side_process
         self.flush_every_s = flush_every_s
         self.notes: list[str] = []
         if gpu_reader == "nvml":
@@ -130,10 +124,6 @@ class Sampler:
         self._thread.join()
 
     def _loop(self) -> None:
-        if not self.in_side_process:  # the store's writes are not the training process's step I/O
-            from offloadlab.metrics import exclude_this_thread_from_io  # imports torch: not in the side process
-
-            exclude_this_thread_from_io()
         store = RunStore(self.run_dir, writable=True)
         store.add_events(self.strategy_id, None, [(None, "telemetry_note", time.time(), None, n) for n in self.notes])
         pending: list[tuple] = []
@@ -163,7 +153,7 @@ class Sampler:
     def _host(self, t: float) -> list[tuple]:
         rss = 0
         for proc in [self.root, *self.root.children(recursive=True)]:
-            if self.in_side_process and proc.pid == os.getpid():
+            if proc.pid == os.getpid():
                 continue
             try:
                 rss += proc.memory_info().rss
@@ -202,7 +192,7 @@ class SamplerProcess:
     def __init__(self, run_dir: Path, strategy_id: int, hz: float = 10.0, nvme_path: Path | None = None,
                  root_pid: int | None = None):
         # -P: the current folder is not searched, so no `offloadlab/` there is imported instead of ours.
-        self.cmd = [sys.executable, "-P", "-m", "offloadlab.telemetry", "--run-dir", str(run_dir), "--strategy-id",
+        self.cmd = [sys.executable, "-P", "-m", "offloadlab.telemetry.sampler", "--run-dir", str(run_dir), "--strategy-id",
                     str(strategy_id), "--hz", str(hz), "--root-pid", str(root_pid or os.getpid())]
         if nvme_path is not None:
             self.cmd += ["--nvme-path", str(nvme_path)]
@@ -226,7 +216,7 @@ class SamplerProcess:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m offloadlab.telemetry")
+    parser = argparse.ArgumentParser(prog="python -m offloadlab.telemetry.sampler")
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--strategy-id", type=int, required=True)
     parser.add_argument("--hz", type=float, default=10.0)
@@ -236,8 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     # Ctrl-C reaches the whole job; the sampler stops when its parent does, through stdin.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # leaves the `with`: the sampler flushes
-    with Sampler(args.run_dir, args.strategy_id, hz=args.hz, nvme_path=args.nvme_path, root_pid=args.root_pid,
-                 in_side_process=True):
+    with Sampler(args.run_dir, args.strategy_id, hz=args.hz, nvme_path=args.nvme_path, root_pid=args.root_pid):
         print(READY, flush=True)
         sys.stdin.read()
 

@@ -7,8 +7,10 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from offloadlab.compare import StrategySummary, human_bytes, summarize
-from offloadlab.store import RunStore
+from offloadlab.results.status import Status
+from offloadlab.results.summary import StrategySummary, summarize
+from offloadlab.results.tables import human_bytes
+from offloadlab.results.store import RunStore
 
 WIDTH, HEIGHT, PAD = 320, 170, 36
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e")
@@ -73,7 +75,7 @@ def _summary_rows(summaries: list[StrategySummary]) -> str:
     rows = []
     for s in summaries:
         ckpt = {True: "verified", False: "FAILED", None: "-"}[s.checkpoint_verified]
-        status = s.status + (f": {s.reason}" if s.reason and s.status != "done" else "")
+        status = s.status.label + (f": {s.reason}" if s.reason and s.status is not Status.DONE else "")
         rows.append("<tr>" + "".join(cell(v) for v in (
             s.name, s.engine, status,
             "-" if s.median_step_time_s is None else f"{s.median_step_time_s:.3f}",

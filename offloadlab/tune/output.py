@@ -10,9 +10,9 @@ from pathlib import Path
 import tomli_w
 from rich.table import Table
 
-from offloadlab.aio_bench import Throughput
-from offloadlab.swap_buffers import SwapBufferPlan
-from offloadlab.tune import PointResult, TuneResult, mixed_score
+from offloadlab.measure.aio_bench import Throughput
+from offloadlab.tune.swap_buffers import SwapBufferPlan
+from offloadlab.tune.search import PointResult, TuneResult, mixed_score
 
 FRAGMENT_TOML = "tuned.toml"
 FRAGMENT_JSON = "tuned_deepspeed.json"

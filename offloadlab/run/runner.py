@@ -27,11 +27,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from offloadlab.ops import announce_on, ensure_built
-from offloadlab.preflight import PreflightError, preflight_run
-from offloadlab.rundir import LOCK_NAME, NVME_PREFIX, RunDir, RunDirError, signals_ignored
+from offloadlab.engines.ops import announce_on, ensure_built
+from offloadlab.run.preflight import PreflightError, preflight_run
+from offloadlab.results.rundir import LOCK_NAME, NVME_PREFIX, RunDir, RunDirError, signals_ignored
 from offloadlab.spec import FSDP2Strategy, RunSpec
-from offloadlab.store import INTERRUPTED, RunStore, StoreError
+from offloadlab.results.status import Status
+from offloadlab.results.store import RunStore, StoreError
 
 # torch's pinned-memory allocator rounds each allocation up to a power of two. DeepSpeed pins its swap
 # buffers, gradient partitions and max_in_cpu parameters as a few multi-GB tensors, so the rounding locks
@@ -41,7 +42,7 @@ PINNED_EXACT_ABOVE = "pinned_max_round_threshold_mb:64"
 
 
 def worker_env(environ, tmp: Path) -> dict[str, str]:
-    # PYTHONSAFEPATH: `-m torch.distributed.run` and `-m offloadlab.worker` would otherwise import a
+    # PYTHONSAFEPATH: `-m torch.distributed.run` and `-m offloadlab.train.worker` would otherwise import a
     # `torch/` or `offloadlab/` folder from the working directory first. TMPDIR: torchrun leaves an empty
     # torchelastic_* folder in the temp directory at every launch; this one is the run's and is removed.
     env = {**environ, "PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1", "TMPDIR": str(tmp)}
@@ -139,7 +140,7 @@ class Runner:
             ) as progress:
                 for job in self.jobs:
                     self._run_strategy(job, progress)
-            self.store.set_run_status(self.run_id, "done")
+            self.store.set_run_status(self.run_id, Status.DONE)
         except BaseException as err:
             with signals_ignored():
                 left = self._stop_and_clean_all(err)
@@ -159,22 +160,22 @@ class Runner:
             self._stop(job)
             left += self._clean(job)  # first: on a full disk this frees the space the store's writes need
             with contextlib.suppress(sqlite3.Error):
-                if self.store.strategy(job.strategy_id)["status"] in ("pending", "running"):
-                    self.store.set_strategy_status(job.strategy_id, "failed", reason)
+                if Status(self.store.strategy(job.strategy_id)["status"]).unfinished:
+                    self.store.set_strategy_status(job.strategy_id, Status.FAILED, reason)
         with contextlib.suppress(sqlite3.Error):
-            self.store.set_run_status(self.run_id, INTERRUPTED)
+            self.store.set_run_status(self.run_id, Status.INTERRUPTED)
         return left
 
     def _run_strategy(self, job: StrategyJob, progress: Progress) -> None:
         task = progress.add_task(f"{job.name:<18}", total=self.spec.steps)
-        self.store.set_strategy_status(job.strategy_id, "running")
+        self.store.set_strategy_status(job.strategy_id, Status.RUNNING)
         if job.nvme_dir is not None:
             self.store.record_created(self.run_id, job.nvme_dir)
             job.nvme_dir.mkdir()
             job.created.append(job.nvme_dir)
         try:
             rc = self._launch(job, "train", progress, task)
-            if rc != 0 and self.store.strategy(job.strategy_id)["status"] == "running":
+            if rc != 0 and self.store.strategy(job.strategy_id)["status"] == Status.RUNNING:
                 self.store.set_strategy_status(job.strategy_id, *self._exit_reason(rc, job.log))
             elif rc == 0:
                 if self.spec.verify_checkpoint:
@@ -190,14 +191,14 @@ class Runner:
                             self.store.set_checkpoint_result(
                                 job.strategy_id, False, f"{at_own_world} | restore at world size 1 failed: "
                                 f"{self._exit_reason(rc_world_1, job.log)[1]}")
-                self.store.set_strategy_status(job.strategy_id, "done")
+                self.store.set_strategy_status(job.strategy_id, Status.DONE)
         finally:
             self._clean(job)
         row = self.store.strategy(job.strategy_id)
-        label = {"done": "[green]done[/]", "does_not_fit": "[yellow]does not fit[/]"}.get(row["status"], "[red]failed[/]")
-        progress.update(task, description=f"{job.name:<18} {label}")
+        status = Status(row["status"])
+        progress.update(task, description=f"{job.name:<18} [{status.style}]{status.label}[/]")
         if row["reason"]:
-            self.say(f"  {job.name}: {row['status'].replace('_', ' ')}: {escape(row['reason'])} "
+            self.say(f"  {job.name}: {status.label}: {escape(row['reason'])} "
                      f"(log: {escape(str(job.log))})")
 
     def _restores_at_world_1(self, job: StrategyJob) -> bool:
@@ -209,7 +210,7 @@ class Runner:
     def _launch(self, job: StrategyJob, mode: str, progress: Progress, task, nproc: int | None = None) -> int:
         launch = self.launch if nproc is None else Launch()
         cmd = [sys.executable, "-P", "-m", "torch.distributed.run", *launch.torchrun_args(nproc or self.spec.nproc),
-               "-m", "offloadlab.worker", "--run-dir", str(self.run_dir.root), "--strategy", job.name, "--mode", mode]
+               "-m", "offloadlab.train.worker", "--run-dir", str(self.run_dir.root), "--strategy", job.name, "--mode", mode]
         if job.nvme_dir is not None:
             cmd += ["--nvme-dir", str(job.nvme_dir)]
         tmp = self.run_dir.job_tmp(job.name)
@@ -236,18 +237,18 @@ class Runner:
         ).fetchone()
         return row[0] or 0
 
-    def _exit_reason(self, rc: int, log: Path) -> tuple[str, str]:
+    def _exit_reason(self, rc: int, log: Path) -> tuple[Status, str]:
         """Why a job ended without recording a result itself (it was killed, or crashed before the store)."""
         text = log.read_text(errors="replace") if log.exists() else ""
         latest = text[text.rfind("\n$ ") + 1:]  # this launch's output only; the log holds train and verify
         # torchrun exits 1 when a rank dies; it names the signal in its summary.
         if rc in (-signal.SIGKILL, 128 + signal.SIGKILL) or "SIGKILL" in latest or "exitcode  : -9" in latest:
             if oom_kills() > self.oom_kills_before:
-                return "does_not_fit", "killed by the kernel's OOM killer (host RAM): its oom_kill count went up"
-            return "failed", ("killed by SIGKILL from outside offloadlab, not by the kernel's OOM killer "
+                return Status.DOES_NOT_FIT, "killed by the kernel's OOM killer (host RAM): its oom_kill count went up"
+            return Status.FAILED, ("killed by SIGKILL from outside offloadlab, not by the kernel's OOM killer "
                               "(its oom_kill count did not move)")
         lines = [line for line in latest.splitlines() if line.strip() and not line.startswith("$ ")]
-        return "failed", f"exited with code {rc}: {lines[-1][:300] if lines else 'no output'}"
+        return Status.FAILED, f"exited with code {rc}: {lines[-1][:300] if lines else 'no output'}"
 
     def _stop(self, job: StrategyJob) -> None:
         if job.proc is None or job.proc.poll() is not None:
@@ -282,9 +283,9 @@ def check_fits(spec: RunSpec, console: Console, force: bool) -> None:
     and say which ones are predicted not to fit."""
     if spec.model.hf_config is not None:
         return  # the planner predicts GPT shapes only
-    from offloadlab.model import gpt_config
-    from offloadlab.plan import Placement, Shape, predict
-    from offloadlab.plan_inputs import detect_machine, swap_buffers_of
+    from offloadlab.workload.model import gpt_config
+    from offloadlab.plan.predict import Placement, Shape, predict
+    from offloadlab.plan.inputs import detect_machine, swap_buffers_of
 
     shape = Shape.of(gpt_config(spec.model, spec.seq_len), spec.seq_len, spec.micro_batch, spec.grad_accum,
                      spec.precision)
@@ -318,7 +319,7 @@ def sweep_dead_runs(parent: Path, console: Console) -> None:
             continue
         try:
             run = store.run()
-            if run["status"] != "running":
+            if run["status"] != Status.RUNNING:
                 continue
             store.mark_interrupted(run["id"])
             for path in store.created(run["id"]):

@@ -1,31 +1,28 @@
-"""Side-by-side figures of a run's strategies, computed from the run store (used by `compare`, `report`, TUI)."""
+"""Side-by-side figures of a run's strategies, computed from the run store (for `compare`, `report`, the TUI)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from rich.table import Table
-from rich.text import Text
-
-from offloadlab import metrics
-from offloadlab.step_telemetry import per_step
-from offloadlab.store import DIED_REASON, INTERRUPTED, RunStore, StepRecord, StoreError
+from offloadlab.results import figures
+from offloadlab.results.steps import per_step
+from offloadlab.results.status import DIED_REASON, Status
+from offloadlab.results.store import RunStore, StepRecord, StoreError
 
 
 @dataclass(frozen=True)
 class StrategySummary:
     name: str
     engine: str
-    status: str
+    status: Status
     reason: str | None
     steps_done: int
     steps_planned: int
     median_step_time_s: float | None
     tokens_per_s: float | None
     mfu_percent: float | None
-    """Model FLOPs utilization per GPU against metrics.PEAK_TFLOPS; None on a device not in that table."""
+    """Model FLOPs utilization per GPU against figures.PEAK_TFLOPS; None on a device not in that table."""
     peak_allocated_bytes: int | None
     peak_reserved_bytes: int | None
     host_rss_peak_bytes: int | None
@@ -57,7 +54,7 @@ def _max_or_none(values: list[int | None]) -> int | None:
 
 
 def _median_field(values: list[float | None]) -> float | None:
-    return metrics.median([v for v in values if v is not None])
+    return figures.median([v for v in values if v is not None])
 
 
 def _bytes_per_step_all_ranks(steps: list[StepRecord], attr: str) -> dict[int, float]:
@@ -80,9 +77,9 @@ def _comm_per_step(store: RunStore, strategy_id: int, steps: set[int]) -> dict[i
     return out
 
 
-def _model_facts(store: RunStore, strategy_id: int) -> metrics.ModelFacts | None:
-    events = store.events(strategy_id, metrics.MODEL_FACTS_EVENT)
-    return metrics.ModelFacts(**json.loads(events[0]["detail"])) if events else None
+def _model_facts(store: RunStore, strategy_id: int) -> figures.ModelFacts | None:
+    events = store.events(strategy_id, figures.MODEL_FACTS_EVENT)
+    return figures.ModelFacts(**json.loads(events[0]["detail"])) if events else None
 
 
 def summarize(store: RunStore) -> list[StrategySummary]:
@@ -90,23 +87,23 @@ def summarize(store: RunStore) -> list[StrategySummary]:
     if not store.strategies(run["id"]) and store.tune_points(run["id"]):
         raise StoreError(f"{store.run_dir} holds a tune, not a run: its result is tuned.toml there, and "
                          f"'offloadlab tui {store.run_dir}' shows its sweep")
-    died = store.run_status() == INTERRUPTED
+    died = store.run_status() is Status.INTERRUPTED
     out = []
     for row in store.strategies(run["id"]):
-        status, reason = row["status"], row["reason"]
-        if died and status in ("pending", "running"):
-            status, reason = "failed", f"{INTERRUPTED}: {DIED_REASON}"
+        status, reason = Status(row["status"]), row["reason"]
+        if died and status.unfinished:
+            status, reason = Status.FAILED, f"{Status.INTERRUPTED}: {DIED_REASON}"
         rank0 = store.steps(row["id"], rank=0)
         every_rank = store.steps(row["id"], rank=None)
-        steady = metrics.steady_state(rank0)
+        steady = figures.steady_state(rank0)
         steady_steps = {r.step for r in steady}
-        median_time = metrics.median([r.step_time_s for r in steady])
+        median_time = figures.median([r.step_time_s for r in steady])
         read_all = _bytes_per_step_all_ranks(every_rank, "disk_read_bytes")
         written_all = _bytes_per_step_all_ranks(every_rank, "disk_write_bytes")
         telemetry = per_step(store, row["id"], steady)
         comm = _comm_per_step(store, row["id"], steady_steps)
         verified = row["checkpoint_verified"]
-        tokens_per_s = metrics.median([r.tokens_per_s for r in steady])
+        tokens_per_s = figures.median([r.tokens_per_s for r in steady])
         facts = _model_facts(store, row["id"])
         out.append(
             StrategySummary(
@@ -118,19 +115,19 @@ def summarize(store: RunStore) -> list[StrategySummary]:
                 steps_planned=row["steps_planned"],
                 median_step_time_s=median_time,
                 tokens_per_s=tokens_per_s,
-                mfu_percent=metrics.mfu_percent(tokens_per_s, facts) if facts and tokens_per_s else None,
+                mfu_percent=figures.mfu_percent(tokens_per_s, facts) if facts and tokens_per_s else None,
                 peak_allocated_bytes=_max_or_none([r.peak_allocated_bytes for r in every_rank]),
                 peak_reserved_bytes=_max_or_none([r.peak_reserved_bytes for r in every_rank]),
                 host_rss_peak_bytes=_max_or_none([r.host_rss_peak_bytes for r in every_rank]),
-                disk_read_bytes_per_step=metrics.median([v for k, v in read_all.items() if k in steady_steps]),
-                disk_write_bytes_per_step=metrics.median([v for k, v in written_all.items() if k in steady_steps]),
+                disk_read_bytes_per_step=figures.median([v for k, v in read_all.items() if k in steady_steps]),
+                disk_write_bytes_per_step=figures.median([v for k, v in written_all.items() if k in steady_steps]),
                 device_read_bytes_per_step=_median_field([t.device_read_bytes for t in telemetry]),
                 device_write_bytes_per_step=_median_field([t.device_write_bytes for t in telemetry]),
                 gpu_idle_share=_median_field([t.gpu_idle_share for t in telemetry]),
                 pcie_tx_bytes_per_s=_median_field([t.pcie_tx_bytes_per_s for t in telemetry]),
                 pcie_rx_bytes_per_s=_median_field([t.pcie_rx_bytes_per_s for t in telemetry]),
-                comm_bytes_per_step=metrics.median([c[0] for c in comm.values()]) if comm else None,
-                comm_seconds_per_step=metrics.median([c[1] for c in comm.values()]) if comm else None,
+                comm_bytes_per_step=figures.median([c[0] for c in comm.values()]) if comm else None,
+                comm_seconds_per_step=figures.median([c[1] for c in comm.values()]) if comm else None,
                 checkpoint_verified=None if verified is None else bool(verified),
                 checkpoint_detail=row["checkpoint_detail"],
                 first_loss=rank0[0].loss if rank0 else None,
@@ -138,54 +135,3 @@ def summarize(store: RunStore) -> list[StrategySummary]:
             )
         )
     return out
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def _fmt(value: float | None, pattern: str) -> str:
-    return "-" if value is None else pattern.format(value)
-
-
-def _gb(bytes_per_s: float | None) -> float | None:
-    return None if bytes_per_s is None else bytes_per_s / 1e9
-
-
-STATUS_STYLE = {"done": "green", "does_not_fit": "yellow", "failed": "red", "running": "cyan", "pending": "dim"}
-
-
-def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
-    # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
-    table = Table(title=Text(f"offloadlab compare {run_dir}"), header_style="bold")
-    for col in ("strategy", "status", "step (s)", "tokens/s\nMFU", "GPU peak\nalloc / resv", "host RSS\npeak",
-                "NVMe/step\nread / write", "GPU\nidle", "PCIe GB/s\ntx / rx", "comm/step\nbytes / s", "SSD writes\nper 10k steps",
-                "checkpoint"):
-        text = col in ("strategy", "status", "checkpoint")
-        table.add_column(col, justify="left" if text else "right", no_wrap=col != "status", overflow="fold")
-    for s in summaries:
-        status = s.status.replace("_", " ") + ("" if s.status == "done" else f" ({s.steps_done}/{s.steps_planned})")
-        if s.reason and s.status != "done":
-            status += f": {s.reason}"
-        ckpt = {True: "[green]verified[/]", False: "[red]FAILED[/]", None: "-"}[s.checkpoint_verified]
-        table.add_row(
-            Text.assemble(s.name, ("\n" + s.engine, "dim")),
-            Text(status, style=STATUS_STYLE.get(s.status, "white")),
-            _fmt(s.median_step_time_s, "{:.3f}"),
-            f"{_fmt(s.tokens_per_s, '{:,.0f}')}\n{_fmt(s.mfu_percent, '{:.1f}%')}",
-            f"{human_bytes(s.peak_allocated_bytes)}\n{human_bytes(s.peak_reserved_bytes)}",
-            human_bytes(s.host_rss_peak_bytes),
-            f"{human_bytes(s.disk_read_bytes_per_step)}\n{human_bytes(s.disk_write_bytes_per_step)}",
-            _fmt(None if s.gpu_idle_share is None else 100 * s.gpu_idle_share, "{:.0f}%"),
-            f"{_fmt(_gb(s.pcie_tx_bytes_per_s), '{:.1f}')}\n{_fmt(_gb(s.pcie_rx_bytes_per_s), '{:.1f}')}",
-            f"{human_bytes(s.comm_bytes_per_step)}\n{_fmt(s.comm_seconds_per_step, '{:.3f}')}",
-            human_bytes(None if s.disk_write_bytes_per_step is None else 1e4 * s.disk_write_bytes_per_step),
-            ckpt,
-        )
-    return table

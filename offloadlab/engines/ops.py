@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import ContextManager
 
 import psutil
 
-from offloadlab.preflight import PreflightError, choose_deepspeed_accelerator
+from offloadlab.checks.host import PreflightError
 
 # Each op's DeepSpeed builder class. An accelerator may lack one (the shared-memory collectives exist
 # on the CPU accelerator only, where every DeepSpeed process group loads them): there it is not needed.
@@ -37,6 +38,21 @@ OPS = tuple(BUILDERS)
 BUILD_TIME = {"cpu_adam": "about a minute", "fused_adam": "about a minute", "async_io": "a few minutes",
               "deepspeed_shm_comm": "under a minute"}
 LOCK_FILE = "offloadlab-build.lock"
+
+
+def choose_deepspeed_accelerator() -> None:
+    """Before DeepSpeed is first imported: its accelerator is picked once, at import. Its ops build into
+    the venv's own folder (see above), whoever loads them first."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if _has_cuda() else "cpu")
+    if "TORCH_EXTENSIONS_DIR" not in os.environ and os.access(sys.prefix, os.W_OK):
+        # In the environment, so torch and every process started from here (torchrun, the ranks) agree.
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(Path(sys.prefix) / "torch_extensions")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 # What to show while an op builds; called with the op's name only when a build is about to start.
 Announce = Callable[[str], ContextManager]

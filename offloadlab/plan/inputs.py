@@ -11,12 +11,12 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from offloadlab import links as measure
-from offloadlab.model import GPTConfig, gpt_config
-from offloadlab.ops import announce_on, ensure_built
-from offloadlab.plan import GiB, Links, Machine, Prediction, Shape, SwapBuffers, buffers_for
+from offloadlab.measure import links as measure
+from offloadlab.workload.model import GPTConfig, gpt_config
+from offloadlab.engines.ops import announce_on, ensure_built
+from offloadlab.plan.predict import GiB, Links, Machine, Prediction, Shape, SwapBuffers, buffers_for
 from offloadlab.spec import DeepSpeedStrategy, ModelSpec, RunSpec, SpecError, load_spec, parse_spec
-from offloadlab.store import DB_NAME
+from offloadlab.results.store import DB_NAME
 
 BLOCK_MEASURED = "one block's forward and backward, measured now"
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from offloadlab.rundir import DB_NAME, RunDir
+from offloadlab.results.rundir import DB_NAME, RunDir
+from offloadlab.results.status import DIED_REASON, Status
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -99,9 +100,6 @@ CREATE TABLE IF NOT EXISTS created_paths (      -- folders a run made outside it
 CREATE INDEX IF NOT EXISTS samples_by_strategy ON samples (strategy_id, metric, t);
 """
 
-# What a run's strategies show once its process is gone without finishing them.
-INTERRUPTED = "interrupted"
-DIED_REASON = "offloadlab's process ended before the run finished (a closed terminal, or killed)"
 
 
 class StoreError(Exception):
@@ -197,12 +195,12 @@ class RunStore:
         )
         return cur.lastrowid
 
-    def set_run_status(self, run_id: int, status: str) -> None:
+    def set_run_status(self, run_id: int, status: Status) -> None:
         self.conn.execute("UPDATE runs SET status = ? WHERE id = ?", (status, run_id))
 
-    def set_strategy_status(self, strategy_id: int, status: str, reason: str | None = None) -> None:
+    def set_strategy_status(self, strategy_id: int, status: Status, reason: str | None = None) -> None:
         now = time.time()
-        if status == "running":
+        if status is Status.RUNNING:
             self.conn.execute("UPDATE strategies SET status = ?, started_at = ? WHERE id = ?", (status, now, strategy_id))
         else:
             self.conn.execute(
@@ -265,10 +263,10 @@ class RunStore:
     def mark_interrupted(self, run_id: int) -> None:
         """A run whose process died: the run and its unfinished strategies say so."""
         with self.conn:
-            self.conn.execute("UPDATE runs SET status = ? WHERE id = ?", (INTERRUPTED, run_id))
-            self.conn.execute("UPDATE strategies SET status = 'failed', reason = ?, finished_at = ? WHERE run_id = ? "
-                              "AND status IN ('pending', 'running')",
-                              (f"{INTERRUPTED}: {DIED_REASON}", time.time(), run_id))
+            self.conn.execute("UPDATE runs SET status = ? WHERE id = ?", (Status.INTERRUPTED, run_id))
+            self.conn.execute("UPDATE strategies SET status = ?, reason = ?, finished_at = ? WHERE run_id = ? "
+                              "AND status IN (?, ?)", (Status.FAILED, f"{Status.INTERRUPTED}: {DIED_REASON}",
+                                                       time.time(), run_id, Status.PENDING, Status.RUNNING))
 
     # -- reads ----------------------------------------------------------------------------------------
     def run(self) -> sqlite3.Row:
@@ -277,11 +275,11 @@ class RunStore:
             raise LookupError(f"{self.run_dir}: the run store holds no run yet")
         return row
 
-    def run_status(self) -> str:
-        """The run's status, "interrupted" for one that says running but whose process is gone."""
-        status = self.run()["status"]
-        if status == "running" and not RunDir.at(self.run_dir).is_live():
-            return INTERRUPTED
+    def run_status(self) -> Status:
+        """The run's status, interrupted for one that says running but whose process is gone."""
+        status = Status(self.run()["status"])
+        if status is Status.RUNNING and not RunDir.at(self.run_dir).is_live():
+            return Status.INTERRUPTED
         return status
 
     def created(self, run_id: int) -> list[Path]:

@@ -1,24 +1,20 @@
-"""Checks that run before any work, each failing with a `PreflightError` that names the fix."""
+"""What this machine allows, checked before any work: folders, O_DIRECT, free disk, page-locked memory and
+aio events. Shared by run, tune, plan and doctor; each check fails with a `PreflightError` naming the fix."""
 
 from __future__ import annotations
 
 import mmap
 import os
 import shutil
-import sys
 import uuid
 from pathlib import Path
 
 import psutil
 
-from offloadlab.spec import DeepSpeedStrategy, RunSpec, SpecError
+from offloadlab.spec import SpecError
 
 # DeepSpeed's O_DIRECT transfers are aligned to this (AIO_ALIGNED_BYTES in swap_tensor/utils.py).
 DIRECT_IO_ALIGNMENT = 4096
-# Bytes per parameter DeepSpeed keeps in the NVMe swap folder: fp32 master, Adam m and v, fp32 gradient.
-OPTIMIZER_SWAP_BYTES_PER_PARAM = 16
-
-
 class PreflightError(SpecError):
     """The machine or a path cannot do what was asked; the message says how to fix it."""
 
@@ -74,100 +70,6 @@ def check_free_disk(path: Path, needed_bytes: int, role: str) -> None:
         raise PreflightError(
             f"{role} {path} has {free / 2**30:.1f} GiB free, {needed_bytes / 2**30:.1f} GiB needed: free space or use a larger drive"
         )
-
-
-def choose_deepspeed_accelerator() -> None:
-    """Before DeepSpeed is first imported: its accelerator is picked once, at import. Its ops build into
-    the venv's own folder (see offloadlab.ops), whoever loads them first."""
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if _has_cuda() else "cpu")
-    if "TORCH_EXTENSIONS_DIR" not in os.environ and os.access(sys.prefix, os.W_OK):
-        # In the environment, so torch and every process started from here (torchrun, the ranks) agree.
-        os.environ["TORCH_EXTENSIONS_DIR"] = str(Path(sys.prefix) / "torch_extensions")
-
-
-def check_buffer_fits_largest_param(strategy: DeepSpeedStrategy, largest_param_numel: int) -> None:
-    if strategy.offload_param == "nvme" and strategy.buffer_size < largest_param_numel:
-        raise PreflightError(
-            f"strategy {strategy.name}: buffer_size = {strategy.buffer_size:,} elements is smaller than the largest "
-            f"parameter ({largest_param_numel:,} elements, usually the embedding): set buffer_size >= {largest_param_numel}"
-        )
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def nvme_bytes_needed(strategy: DeepSpeedStrategy, n_params: int, param_bytes: int) -> int:
-    """Swap-folder bytes a strategy needs on one host (its ranks' partitions add up to the whole model)."""
-    total = 0
-    if strategy.offload_param == "nvme":
-        total += n_params * param_bytes
-    if strategy.offload_optimizer == "nvme":
-        total += n_params * OPTIMIZER_SWAP_BYTES_PER_PARAM
-    return total
-
-
-def checkpoint_bytes_needed(strategy, n_params: int, param_bytes: int) -> int:
-    """Run-directory bytes while a strategy's checkpoint is verified.
-
-    A checkpoint holds fp32 weights and both Adam moments (12 bytes a parameter; measured on ZeRO-3 NVMe,
-    ZeRO-3 CPU and FSDP2 checkpoints), ZeRO-1/2 add the low-precision module copy. DeepSpeed's restore
-    check saves the restored state once more beside the checkpoint, so its peak is two copies.
-    """
-    if isinstance(strategy, DeepSpeedStrategy):
-        return 2 * n_params * (12 + (param_bytes if strategy.zero_stage < 3 else 0))
-    return 12 * n_params
-
-
-def _nearest_existing(path: Path) -> Path:
-    path = path.resolve()
-    while not path.exists():
-        path = path.parent
-    return path
-
-
-def check_disk_for_run(spec: RunSpec, run_dir: Path, n_params: int) -> None:
-    """Strategies run one after another and each one's swap folder and checkpoint are removed after it:
-    the largest strategy must fit, swap and checkpoint together where both are on one filesystem."""
-    param_bytes = 2 if spec.precision == "bf16" else 4
-    run_fs = _nearest_existing(run_dir)
-    nvme_fs = spec.nvme_path if any(s.uses_nvme for s in spec.strategy) else None
-    same_fs = nvme_fs is not None and os.stat(nvme_fs).st_dev == os.stat(run_fs).st_dev
-    for strategy in spec.strategy:
-        swap = 1.1 * nvme_bytes_needed(strategy, n_params, param_bytes) if isinstance(strategy, DeepSpeedStrategy) else 0
-        checkpoint = checkpoint_bytes_needed(strategy, n_params, param_bytes) if spec.verify_checkpoint else 0
-        fix = " (or set verify_checkpoint = false, or pass --out on another drive)" if checkpoint else ""
-        try:
-            if same_fs:
-                check_free_disk(nvme_fs, int(swap + checkpoint), f"strategy {strategy.name!r}: nvme_path (swap + checkpoint)")
-            else:
-                if swap:
-                    check_free_disk(nvme_fs, int(swap), f"strategy {strategy.name!r}: nvme_path (swap)")
-                if checkpoint:
-                    check_free_disk(run_fs, int(checkpoint), f"strategy {strategy.name!r}: run directory (checkpoint)")
-        except PreflightError as err:
-            raise PreflightError(f"{err}{fix}") from None
-
-
-def preflight_run(spec: RunSpec, run_dir: Path) -> None:
-    """Everything `offloadlab run` can check before it starts a process; run_dir need not exist yet."""
-    from offloadlab.model import gpt_config
-
-    shape = gpt_config(spec.model, spec.seq_len) if spec.model.hf_config is None else None
-    nvme = [s for s in spec.strategy if s.uses_nvme]
-    if nvme:
-        check_directory(spec.nvme_path, "nvme_path")
-        check_direct_io(spec.nvme_path, "nvme_path")
-        from offloadlab.ops import check_libaio
-
-        check_libaio()
-    if shape is None:
-        return
-    for strategy in nvme:
-        check_buffer_fits_largest_param(strategy, shape.largest_param_numel)
-    check_disk_for_run(spec, run_dir, shape.n_params)
 
 
 CAP_IPC_LOCK = 14  # linux/capability.h

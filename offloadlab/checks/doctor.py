@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from offloadlab.preflight import PreflightError
+from offloadlab.checks.host import PreflightError
 
 GiB = 2**30
 
@@ -51,7 +51,7 @@ def versions() -> list[Finding]:
 
 def op_findings(build: bool, announce=None) -> list[Finding]:
     """Whether each DeepSpeed op is built and loads (loading one that is built takes a few seconds)."""
-    from offloadlab import ops
+    from offloadlab.engines import ops
 
     found = []
     for name in ops.OPS:
@@ -73,7 +73,7 @@ def op_findings(build: bool, announce=None) -> list[Finding]:
 
 
 def libaio() -> Finding:
-    from offloadlab.ops import check_libaio
+    from offloadlab.engines.ops import check_libaio
 
     try:
         check_libaio()
@@ -83,7 +83,7 @@ def libaio() -> Finding:
 
 
 def aio_event_headroom() -> Finding:
-    from offloadlab.preflight import aio_events
+    from offloadlab.checks.host import aio_events
 
     events = aio_events()
     if events is None:
@@ -96,7 +96,7 @@ def aio_event_headroom() -> Finding:
 
 
 def pinned_memory() -> list[Finding]:
-    from offloadlab.preflight import has_cap_ipc_lock, memlock_limit_bytes, pinned_memory_budget_bytes
+    from offloadlab.checks.host import has_cap_ipc_lock, memlock_limit_bytes, pinned_memory_budget_bytes
 
     limit = memlock_limit_bytes()
     if limit is None:
@@ -110,7 +110,7 @@ def pinned_memory() -> list[Finding]:
 
 
 def gpus() -> list[Finding]:
-    from offloadlab.telemetry import NvmlReader
+    from offloadlab.telemetry.sampler import NvmlReader
 
     reader, why_not = NvmlReader.open()
     if reader is None:
@@ -125,7 +125,7 @@ def gpus() -> list[Finding]:
 
 
 def host_and_disk(nvme_path: Path | None) -> list[Finding]:
-    from offloadlab.preflight import check_direct_io, filesystem_type
+    from offloadlab.checks.host import check_direct_io, filesystem_type
 
     memory = psutil.virtual_memory()
     found = [

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from offloadlab.preflight import DIRECT_IO_ALIGNMENT as ALIGNMENT
+from offloadlab.checks.host import DIRECT_IO_ALIGNMENT as ALIGNMENT
 
 
 
@@ -62,7 +62,7 @@ def check_io_size(io_size: int, point: AioPoint) -> None:
 
 
 def _handle(point: AioPoint):
-    from offloadlab.ops import load_op
+    from offloadlab.engines.ops import load_op
 
     return load_op("async_io").aio_handle(
         block_size=point.block_size,

@@ -1,6 +1,6 @@
 """Entry point of one strategy's process (one per rank, started by torchrun from `offloadlab run`).
 
-    python -m offloadlab.worker --run-dir D --strategy NAME --mode train|verify [--nvme-dir P]
+    python -m offloadlab.train.worker --run-dir D --strategy NAME --mode train|verify [--nvme-dir P]
 
 train: train every step, save after the spec's save step. verify: in a fresh process, restore that
 checkpoint, compare the full state with what was saved, train the next step and compare its loss with the
@@ -24,17 +24,18 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from offloadlab.checkpoint import restore_and_check
-from offloadlab.comm_meter import CommMeter
-from offloadlab.data import TokenSource
+from offloadlab.train.checkpoint import restore_and_check
+from offloadlab.train.comm_meter import CommMeter
+from offloadlab.workload.data import TokenSource
 from offloadlab.engines import DistContext, build_engine
-from offloadlab.metrics import MODEL_FACTS_EVENT, ModelFacts, device_name
-from offloadlab.model import gpt_config, hf_config_folder, model_numbers
-from offloadlab.rundir import RunDir
+from offloadlab.results.figures import MODEL_FACTS_EVENT, ModelFacts
+from offloadlab.telemetry.probes import device_name
+from offloadlab.workload.model import gpt_config, hf_config_folder, model_numbers
+from offloadlab.results.rundir import RunDir
 from offloadlab.spec import RunSpec, parse_spec
-from offloadlab.store import RunStore
-from offloadlab.telemetry import SamplerProcess
-from offloadlab.trainer import StepWindow, run_steps
+from offloadlab.results.store import RunStore
+from offloadlab.telemetry.sampler import SamplerProcess
+from offloadlab.train.trainer import StepWindow, run_steps
 
 # Two losses of the same step agree to this relative tolerance after a restore (float reductions may be
 # reordered by a rebuilt engine; a wrong restore moves the loss by far more). At another world size the
@@ -141,7 +142,7 @@ def watch_the_run(run_dir: RunDir, period_s: float = 1.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m offloadlab.worker")
+    parser = argparse.ArgumentParser(prog="python -m offloadlab.train.worker")
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--strategy", required=True)
     parser.add_argument("--mode", choices=("train", "verify"), required=True)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from offloadlab.model import build_model
-from offloadlab.preflight import DIRECT_IO_ALIGNMENT as ALIGNMENT
+from offloadlab.workload.model import build_model
+from offloadlab.checks.host import DIRECT_IO_ALIGNMENT as ALIGNMENT
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
 
 MIN_SWAPPED_BYTES = 1 << 20  # DeepSpeed keeps smaller parameters in RAM (MIN_AIO_BYTES)

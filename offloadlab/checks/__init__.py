@@ -1,0 +1,2 @@
+"""What this machine allows, checked before any work (folders, O_DIRECT, free disk, page-locked memory,
+aio events), and `offloadlab doctor`, which reports all of it."""

@@ -1,0 +1,2 @@
+"""The parent process of `offloadlab run`: preflight of the spec, a torchrun job per strategy, its
+result, and cleanup of what the run made. Starts ranks (train/) but never trains itself."""
