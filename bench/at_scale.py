@@ -26,18 +26,19 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import tomli_w
-import tomllib
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plan_accuracy import compare as plan_rows, table as plan_table  # noqa: E402
+from plan_accuracy import compare as plan_rows  # noqa: E402
+from plan_accuracy import table as plan_table
 
-from offloadlab.results.summary import summarize  # noqa: E402
 from offloadlab.results.store import DB_NAME, RunStore  # noqa: E402
+from offloadlab.results.summary import summarize  # noqa: E402
 
 console = Console(width=180, record=True)
 commands: list[str] = []
@@ -63,8 +64,10 @@ def strategies_with_twins(spec_path: Path, fragment: Path | None, only: list[str
         return strategies
     unknown = set(only) - {s["name"] for s in strategies}
     if unknown:
-        raise SystemExit(f"--only: no strategy named {', '.join(sorted(unknown))}; "
-                         f"there are {', '.join(s['name'] for s in strategies)}")
+        raise SystemExit(
+            f"--only: no strategy named {', '.join(sorted(unknown))}; "
+            f"there are {', '.join(s['name'] for s in strategies)}"
+        )
     by_name = {s["name"]: s for s in strategies}
     return [by_name[name] for name in only]  # in --only's order: a repeat can swap who runs first
 
@@ -83,10 +86,20 @@ def floors_table(run_dir: Path, tune: dict) -> Table:
     write_ceiling = max([p["write_gbps"] for p in points] + [tune["direct_io"]["write_gbps"]]) * 1e9
     pcie = tune["pcie"] or {}
     h2d, d2h = pcie.get("host_to_device_gbps", 0) * 1e9, pcie.get("device_to_host_gbps", 0) * 1e9
-    out = Table(title="step time against the slowest link (bytes measured per step / bandwidth measured in this run)",
-                header_style="bold")
-    for col in ("strategy", "step (s)", "NVMe read / write\nGB per step", "NVMe time (s)", "PCIe h2d / d2h\nGB per step",
-                "PCIe time (s)", "floor (s)", "step / floor"):
+    out = Table(
+        title="step time against the slowest link (bytes measured per step / bandwidth measured in this run)",
+        header_style="bold",
+    )
+    for col in (
+        "strategy",
+        "step (s)",
+        "NVMe read / write\nGB per step",
+        "NVMe time (s)",
+        "PCIe h2d / d2h\nGB per step",
+        "PCIe time (s)",
+        "floor (s)",
+        "step / floor",
+    ):
         out.add_column(col, justify="left" if col == "strategy" else "right")
     for s in summarize(RunStore(run_dir)):
         if s.median_step_time_s is None:
@@ -100,12 +113,21 @@ def floors_table(run_dir: Path, tune: dict) -> Table:
         pcie_s = max(to_gpu / h2d, from_gpu / d2h) if h2d and d2h else 0.0
         floor = max(nvme_s, pcie_s)
         bound = floor >= 0.05 * s.median_step_time_s
-        out.add_row(s.name, f"{s.median_step_time_s:.3f}", f"{read / 1e9:.2f} / {written / 1e9:.2f}", f"{nvme_s:.3f}",
-                    f"{to_gpu / 1e9:.2f} / {from_gpu / 1e9:.2f}", f"{pcie_s:.3f}", f"{floor:.3f}",
-                    f"{s.median_step_time_s / floor:.2f}x" if bound else "no link floor")
-    out.caption = (f"drive ceilings read {read_ceiling / 1e9:.2f} / write {write_ceiling / 1e9:.2f} GB/s (best tune point or "
-                   f"O_DIRECT baseline); pinned PCIe {h2d / 1e9:.1f} / {d2h / 1e9:.1f} GB/s; 'no link floor': links "
-                   "explain < 5% of the step (compute-bound)")
+        out.add_row(
+            s.name,
+            f"{s.median_step_time_s:.3f}",
+            f"{read / 1e9:.2f} / {written / 1e9:.2f}",
+            f"{nvme_s:.3f}",
+            f"{to_gpu / 1e9:.2f} / {from_gpu / 1e9:.2f}",
+            f"{pcie_s:.3f}",
+            f"{floor:.3f}",
+            f"{s.median_step_time_s / floor:.2f}x" if bound else "no link floor",
+        )
+    out.caption = (
+        f"drive ceilings read {read_ceiling / 1e9:.2f} / write {write_ceiling / 1e9:.2f} GB/s (best tune point or "
+        f"O_DIRECT baseline); pinned PCIe {h2d / 1e9:.1f} / {d2h / 1e9:.1f} GB/s; 'no link floor': links "
+        "explain < 5% of the step (compute-bound)"
+    )
     return out
 
 
@@ -128,10 +150,18 @@ def main() -> None:
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, help="Default: RESULTS/run-dir")
     parser.add_argument("--full-tune", action="store_true", help="The full sweep instead of --quick")
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="Run only these strategies, in this order (twins by their -tuned name)")
-    parser.add_argument("--from-results", action="store_true",
-                        help="Write at_scale.md and the report from a cut-off run's RESULTS (its store, spec.toml, tune.json, "
-                             "tune/): no tune, no run")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        help="Run only these strategies, in this order (twins by their -tuned name)",
+    )
+    parser.add_argument(
+        "--from-results",
+        action="store_true",
+        help="Write at_scale.md and the report from a cut-off run's RESULTS (its store, spec.toml, tune.json, "
+        "tune/): no tune, no run",
+    )
     args = parser.parse_args()
     if args.from_results:
         render(args.spec, args.results)
@@ -144,11 +174,25 @@ def main() -> None:
     work.mkdir(exist_ok=True)
     started = time.time()
     strategies_with_twins(args.spec, None, args.only)  # a misspelt --only fails before the tune
-    tune = json.loads(offloadlab("tune", "--nvme", str(args.nvme), *([] if args.full_tune else ["--quick"]), "--spec",
-                                 str(args.spec), "--out", str(work / "tune"), "--json", capture=True))
+    tune = json.loads(
+        offloadlab(
+            "tune",
+            "--nvme",
+            str(args.nvme),
+            *([] if args.full_tune else ["--quick"]),
+            "--spec",
+            str(args.spec),
+            "--out",
+            str(work / "tune"),
+            "--json",
+            capture=True,
+        )
+    )
     (args.results / "tune.json").write_text(json.dumps(tune, indent=2))
-    console.print(f"tune: best {tune['best']} read {tune['read_gbps']:.2f} / write {tune['write_gbps']:.2f} GB/s in "
-                  f"{tune['seconds']:.0f} s; PCIe {tune['pcie']}")
+    console.print(
+        f"tune: best {tune['best']} read {tune['read_gbps']:.2f} / write {tune['write_gbps']:.2f} GB/s in "
+        f"{tune['seconds']:.0f} s; PCIe {tune['pcie']}"
+    )
     spec = with_tuned_twins(args.spec, Path(tune["fragment"]), args.nvme, work / "spec.toml", args.only)
     try:
         offloadlab("run", str(spec), "--out", str(run_dir))
@@ -172,7 +216,11 @@ def write_markdown(results: Path, spec: Path, started: float) -> None:
     (results / "at_scale.md").write_text(
         f"# {spec} at scale ({time.strftime('%Y-%m-%d')}, {time.time() - started:.0f} s)\n\n"
         f"```\npython bench/at_scale.py {shlex.join(sys.argv[1:])}\n```\n\nCommands it ran:\n\n```\n"
-        + "\n".join(commands) + "\n```\n\nOutput:\n\n```\n" + console.export_text() + "```\n")
+        + "\n".join(commands)
+        + "\n```\n\nOutput:\n\n```\n"
+        + console.export_text()
+        + "```\n"
+    )
 
 
 def render(spec: Path, results: Path) -> None:
@@ -180,8 +228,10 @@ def render(spec: Path, results: Path) -> None:
     its links would be this machine's, not the run's (bench/plan_accuracy.py --store --links for that)."""
     missing = [name for name in (DB_NAME, "spec.toml", "tune.json") if not (results / name).is_file()]
     if missing:
-        raise SystemExit(f"--from-results: {results} lacks {', '.join(missing)}; give the folder a cut-off "
-                         "at_scale run wrote (its store, spec.toml and tune.json)")
+        raise SystemExit(
+            f"--from-results: {results} lacks {', '.join(missing)}; give the folder a cut-off "
+            "at_scale run wrote (its store, spec.toml and tune.json)"
+        )
     started = time.time()
     show_results(results / "spec.toml", results, json.loads((results / "tune.json").read_text()), None, spec)
     write_markdown(results, spec, started)

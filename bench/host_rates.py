@@ -12,13 +12,20 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from offloadlab.measure.links import (ADAM_PROBE, HOST_PASSES_PROBE, last_level_cache_bytes, measure_adam_params_per_s,
-                              measure_host_passes_params_per_s)
+from offloadlab.measure.links import (
+    ADAM_PROBE,
+    HOST_PASSES_PROBE,
+    last_level_cache_bytes,
+    measure_adam_params_per_s,
+    measure_host_passes_params_per_s,
+)
 
 # name -> (probe, rate at n elements); the small probe is each one's floor, the size used before.
-RATES = {"DeepSpeed CPU Adam": (ADAM_PROBE, lambda n: measure_adam_params_per_s("deepspeed-cpu", numel=n)),
-         "torch AdamW (CPU)": (ADAM_PROBE, lambda n: measure_adam_params_per_s("torch", numel=n)),
-         "host passes": (HOST_PASSES_PROBE, lambda n: measure_host_passes_params_per_s(n))}
+RATES = {
+    "DeepSpeed CPU Adam": (ADAM_PROBE, lambda n: measure_adam_params_per_s("deepspeed-cpu", numel=n)),
+    "torch AdamW (CPU)": (ADAM_PROBE, lambda n: measure_adam_params_per_s("torch", numel=n)),
+    "host passes": (HOST_PASSES_PROBE, lambda n: measure_host_passes_params_per_s(n)),
+}
 
 
 def main() -> None:
@@ -29,8 +36,14 @@ def main() -> None:
     for name, (probe, measure) in RATES.items():
         small, big = probe.min_numel, probe.numel()
         small_rate, big_rate = measure(small), measure(big)
-        table.add_row(name, f"{small >> 20}M", f"{small_rate / 1e6:.0f}", f"{big >> 20}M", f"{big_rate / 1e6:.0f}",
-                      f"{small_rate / big_rate:.2f}")
+        table.add_row(
+            name,
+            f"{small >> 20}M",
+            f"{small_rate / 1e6:.0f}",
+            f"{big >> 20}M",
+            f"{big_rate / 1e6:.0f}",
+            f"{small_rate / big_rate:.2f}",
+        )
     Console(width=140).print(table)
 
 

@@ -29,18 +29,25 @@ def resident_after_pinning(sizes: list[int], alloc_conf: str | None) -> int:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
     if alloc_conf:
         env["PYTORCH_ALLOC_CONF"] = alloc_conf
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(sizes)], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(sizes)], env=env, capture_output=True, text=True, check=True
+    )
     return int(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--bytes", type=int, nargs="+", default=[48 * 103_022_592 * 2, 1_011_566_592 * 4, 1_416_744_960 * 2])
+    parser.add_argument(
+        "--bytes", type=int, nargs="+", default=[48 * 103_022_592 * 2, 1_011_566_592 * 4, 1_416_744_960 * 2]
+    )
     args = parser.parse_args()
     asked = sum(args.bytes)
     for label, conf in (("torch default", None), (PINNED_EXACT_ABOVE, PINNED_EXACT_ABOVE)):
         resident = resident_after_pinning(args.bytes, conf)
-        print(f"{label:<40} asked {asked / 2**30:6.2f} GiB, resident +{resident / 2**30:6.2f} GiB ({resident / asked:.2f}x)")
+        print(
+            f"{label:<40} asked {asked / 2**30:6.2f} GiB, "
+            f"resident +{resident / 2**30:6.2f} GiB ({resident / asked:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -28,12 +28,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from offloadlab.results.summary import summarize
 from offloadlab.measure.links import nvme_from_tune_store
-from offloadlab.plan.predict import Links, Placement, predict
-from offloadlab.plan.inputs import PlanInputs
-from offloadlab.spec import load_spec
+from offloadlab.plan.accounting import Links, Placement
+from offloadlab.plan.inputs import PlanInputs, PlanRequest
+from offloadlab.plan.output import machine_table
+from offloadlab.plan.predict import predict
 from offloadlab.results.store import RunStore
+from offloadlab.results.summary import summarize
+from offloadlab.spec import load_spec
 
 GOALS = {"gpu": 0.10, "nvme_read": 0.05, "nvme_write": 0.05}
 STEP_TIME_GOAL = 1.5
@@ -52,31 +54,55 @@ def _ratio(measured: float | None, predicted: float | None) -> float | None:
     return None if not measured or not predicted else measured / predicted
 
 
-def compare(spec_path: Path, run_dir: Path, console: Console, tuned_dir: Path | None = None, *, gpus: int | None = None,
-            gpu_mem_gib: float | None = None, host_mem_gib: float | None = None, links: Links | None = None) -> list[dict]:
+def compare(
+    spec_path: Path,
+    run_dir: Path,
+    console: Console,
+    tuned_dir: Path | None = None,
+    *,
+    gpus: int | None = None,
+    gpu_mem_gib: float | None = None,
+    host_mem_gib: float | None = None,
+    links: Links | None = None,
+) -> list[dict]:
     """The machine figures and links are those the run had, where it ran elsewhere; None: this machine's."""
     spec = load_spec(spec_path)
-    inputs = PlanInputs.gather(spec_path, None, 0, 0, 0, "bf16", gpus, gpu_mem_gib, host_mem_gib, None, tuned_dir, console,
-                               links=links)
-    console.print(inputs.machine_table())  # the links every bound below is computed from
+    request = PlanRequest(
+        spec_path, gpus=gpus, gpu_mem_gib=gpu_mem_gib, host_mem_gib=host_mem_gib, tuned_dir=tuned_dir
+    )
+    inputs = PlanInputs.gather(request, console, links=links)
+    console.print(machine_table(inputs.machine, inputs.links))  # the links every bound below is computed from
     measured = {s.name: s for s in summarize(RunStore(run_dir))}
     gpu = inputs.machine.gpu_mem_bytes is not None
     rows = []
     for strategy in spec.strategy:
-        pred = predict(Placement.from_strategy(strategy, spec.model.activation_checkpointing), inputs.shape, inputs.machine,
-                       inputs.links, inputs.buffers)
+        pred = predict(
+            Placement(strategy, spec.model.activation_checkpointing),
+            inputs.shape,
+            inputs.machine,
+            inputs.links,
+            inputs.buffers,
+        )
         m = measured[strategy.name]
         moved = pred.step.bytes_moved if pred.step else {}
         host_predicted = pred.memory.host_bytes + (0 if gpu else pred.memory.gpu_bytes)
-        rows.append({
-            "strategy": strategy.name, "status": m.status,
-            "gpu_predicted": pred.memory.gpu_bytes if gpu else None, "gpu_measured": m.peak_allocated_bytes,
-            "host_predicted": host_predicted, "host_measured": m.host_rss_peak_bytes,
-            "nvme_read_predicted": moved.get("nvme_read"), "nvme_read_measured": m.disk_read_bytes_per_step,
-            "nvme_write_predicted": moved.get("nvme_write"), "nvme_write_measured": m.disk_write_bytes_per_step,
-            "step_predicted": pred.step.seconds if pred.step else None, "step_measured": m.median_step_time_s,
-            "step_parts": pred.step.parts if pred.step else None,
-        })
+        rows.append(
+            {
+                "strategy": strategy.name,
+                "status": m.status,
+                "gpu_predicted": pred.memory.gpu_bytes if gpu else None,
+                "gpu_measured": m.peak_allocated_bytes,
+                "host_predicted": host_predicted,
+                "host_measured": m.host_rss_peak_bytes,
+                "nvme_read_predicted": moved.get("nvme_read"),
+                "nvme_read_measured": m.disk_read_bytes_per_step,
+                "nvme_write_predicted": moved.get("nvme_write"),
+                "nvme_write_measured": m.disk_write_bytes_per_step,
+                "step_predicted": pred.step.seconds if pred.step else None,
+                "step_measured": m.median_step_time_s,
+                "step_parts": pred.step.parts if pred.step else None,
+            }
+        )
     return rows
 
 
@@ -95,12 +121,18 @@ def table(rows: list[dict], title: str) -> Table:
         return text
 
     for row in rows:
-        out.add_row(f"{row['strategy']}\n[dim]{row['status']}[/]", cell(row, "gpu", within=lambda r: abs(r - 1) <= GOALS["gpu"]),
-                    cell(row, "host"),
-                    cell(row, "nvme_read", 2**20, "{:.1f}", lambda r: abs(r - 1) <= GOALS["nvme_read"]),
-                    cell(row, "nvme_write", 2**20, "{:.1f}", lambda r: abs(r - 1) <= GOALS["nvme_write"]),
-                    cell(row, "step", 1, "{:.3f}", lambda r: r <= STEP_TIME_GOAL))
-    out.caption = "GiB, except NVMe (MiB) and step time (s); ratio = measured / predicted; goals: GPU +-10%, NVMe +-5%, step <= 1.5x"
+        out.add_row(
+            f"{row['strategy']}\n[dim]{row['status']}[/]",
+            cell(row, "gpu", within=lambda r: abs(r - 1) <= GOALS["gpu"]),
+            cell(row, "host"),
+            cell(row, "nvme_read", 2**20, "{:.1f}", lambda r: abs(r - 1) <= GOALS["nvme_read"]),
+            cell(row, "nvme_write", 2**20, "{:.1f}", lambda r: abs(r - 1) <= GOALS["nvme_write"]),
+            cell(row, "step", 1, "{:.3f}", lambda r: r <= STEP_TIME_GOAL),
+        )
+    out.caption = (
+        "GiB, except NVMe (MiB) and step time (s); ratio = measured / predicted; "
+        "goals: GPU +-10%, NVMe +-5%, step <= 1.5x"
+    )
     return out
 
 
@@ -120,9 +152,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = args.store or args.out or Path(scratch) / "run"
         if args.store is None:
-            subprocess.run([sys.executable, "-m", "offloadlab.cli", "run", str(args.spec), "--out", str(run_dir)], check=True)
-        rows = compare(args.spec, run_dir, console, args.tuned, gpus=args.gpus, gpu_mem_gib=args.gpu_mem,
-                       host_mem_gib=args.host_mem, links=load_links(args.links, args.tuned) if args.links else None)
+            subprocess.run(
+                [sys.executable, "-m", "offloadlab.cli", "run", str(args.spec), "--out", str(run_dir)], check=True
+            )
+        rows = compare(
+            args.spec,
+            run_dir,
+            console,
+            args.tuned,
+            gpus=args.gpus,
+            gpu_mem_gib=args.gpu_mem,
+            host_mem_gib=args.host_mem,
+            links=load_links(args.links, args.tuned) if args.links else None,
+        )
     console.print(table(rows, f"plan accuracy: {args.spec}"))
     if args.results:
         args.results.write_text(json.dumps(rows, indent=2))

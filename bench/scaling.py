@@ -22,15 +22,17 @@ import tomli_w
 from rich.console import Console
 from rich.table import Table
 
+from offloadlab.results.store import RunStore
 from offloadlab.results.summary import summarize
 from offloadlab.results.tables import human_bytes
-from offloadlab.results.store import RunStore
 
 
 def spec_at(raw: dict, nproc: int) -> dict:
     samples = raw.get("grad_accum", 1) * raw.get("nproc", 1)
     if samples % nproc:
-        raise SystemExit(f"grad_accum x nproc = {samples} is not divisible by {nproc}: the effective batch would change")
+        raise SystemExit(
+            f"grad_accum x nproc = {samples} is not divisible by {nproc}: the effective batch would change"
+        )
     return {**raw, "nproc": nproc, "grad_accum": samples // nproc, "name": f"{raw.get('name', 'run')}-n{nproc}"}
 
 
@@ -48,11 +50,27 @@ def main() -> None:
             spec_path = Path(scratch) / f"n{n}.toml"
             spec_path.write_text(tomli_w.dumps(spec_at(raw, n)))
             run_dir = Path(scratch) / f"run-n{n}"
-            subprocess.run([sys.executable, "-m", "offloadlab.cli", "run", str(spec_path), "--out", str(run_dir)], check=True)
+            subprocess.run(
+                [sys.executable, "-m", "offloadlab.cli", "run", str(spec_path), "--out", str(run_dir)], check=True
+            )
             results[n] = {s.name: s.as_dict() for s in summarize(RunStore(run_dir))}
     base = args.nproc[0]
-    table = Table(title=f"scaling {args.spec}: same effective batch at nproc {', '.join(map(str, args.nproc))}", header_style="bold")
-    for col in ("strategy", "nproc", "status", "step (s)", "speedup", "tokens/s", "peak / rank", "vs first", "comm/step", "comm (s)"):
+    table = Table(
+        title=f"scaling {args.spec}: same effective batch at nproc {', '.join(map(str, args.nproc))}",
+        header_style="bold",
+    )
+    for col in (
+        "strategy",
+        "nproc",
+        "status",
+        "step (s)",
+        "speedup",
+        "tokens/s",
+        "peak / rank",
+        "vs first",
+        "comm/step",
+        "comm (s)",
+    ):
         table.add_column(col, justify="left" if col in ("strategy", "status") else "right")
     for name in results[base]:
         for n in args.nproc:
@@ -61,11 +79,24 @@ def main() -> None:
             def peak(x):
                 return x["peak_allocated_bytes"] or x["host_rss_peak_bytes"]
 
-            speedup = first["median_step_time_s"] / s["median_step_time_s"] if s["median_step_time_s"] and first["median_step_time_s"] else None
+            speedup = (
+                first["median_step_time_s"] / s["median_step_time_s"]
+                if s["median_step_time_s"] and first["median_step_time_s"]
+                else None
+            )
             memory_ratio = peak(s) / peak(first) if peak(s) and peak(first) else None
-            table.add_row(name, str(n), s["status"], f"{s['median_step_time_s'] or 0:.3f}", "-" if speedup is None else f"{speedup:.2f}x",
-                          f"{s['tokens_per_s'] or 0:,.0f}", human_bytes(peak(s)), "-" if memory_ratio is None else f"{memory_ratio:.2f}",
-                          human_bytes(s["comm_bytes_per_step"]), f"{s['comm_seconds_per_step'] or 0:.3f}")
+            table.add_row(
+                name,
+                str(n),
+                s["status"],
+                f"{s['median_step_time_s'] or 0:.3f}",
+                "-" if speedup is None else f"{speedup:.2f}x",
+                f"{s['tokens_per_s'] or 0:,.0f}",
+                human_bytes(peak(s)),
+                "-" if memory_ratio is None else f"{memory_ratio:.2f}",
+                human_bytes(s["comm_bytes_per_step"]),
+                f"{s['comm_seconds_per_step'] or 0:.3f}",
+            )
     console.print(table)
     if args.results:
         args.results.write_text(json.dumps(results, indent=2))

@@ -27,12 +27,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from offloadlab.workload.data import TokenSource
 from offloadlab.engines import DistContext, build_engine
-from offloadlab.spec import load_spec
 from offloadlab.results.store import RunStore
+from offloadlab.spec import load_spec
 from offloadlab.telemetry.sampler import SamplerProcess
 from offloadlab.train.worker import vocab_size
+from offloadlab.workload.data import TokenSource
 
 
 def main() -> None:
@@ -43,7 +43,9 @@ def main() -> None:
     parser.add_argument("--steps-per-block", type=int, default=5)
     parser.add_argument("--hz", type=float, default=10.0)
     args = parser.parse_args()
-    for key, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0").items():
+    for key, value in dict(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+    ).items():
         os.environ.setdefault(key, value)
     spec = load_spec(args.spec)
     strategy = spec.get_strategy(args.strategy)
@@ -84,29 +86,50 @@ def main() -> None:
             else:
                 with samplers[arm]():
                     run_block(arm)
-            block_medians.append((arm, statistics.median(times[arm][-args.steps_per_block:])))
+            block_medians.append((arm, statistics.median(times[arm][-args.steps_per_block :])))
         samples = store.conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
         gpu_fields = bool(store.samples(strategy_id, "gpu%"))
-        cross_check = gpu_busy_cross_check(run_block, store, run_dir, strategy_id, nvme_dir, args.hz, scratch) \
-            if ctx.device.type == "cuda" else None
+        cross_check = (
+            gpu_busy_cross_check(run_block, store, run_dir, strategy_id, nvme_dir, args.hz, scratch)
+            if ctx.device.type == "cuda"
+            else None
+        )
         engine.close()
     off = statistics.median(times["off"])
-    table = Table(title=f"telemetry overhead: {strategy.name}, {spec.model.preset or spec.model.hf_config}, {args.hz:g} Hz")
-    for col in ("sampler", "steps", "median step (s)", "mean step (s)", "median vs off", "per block vs neighbours: median (quartiles)"):
+    table = Table(
+        title=f"telemetry overhead: {strategy.name}, {spec.model.preset or spec.model.hf_config}, {args.hz:g} Hz"
+    )
+    for col in (
+        "sampler",
+        "steps",
+        "median step (s)",
+        "mean step (s)",
+        "median vs off",
+        "per block vs neighbours: median (quartiles)",
+    ):
         table.add_column(col)
     for arm, values in times.items():
         pairs = paired_ratios(block_medians, arm) if arm != "off" else []
         quartiles = (statistics.quantiles(pairs, n=4) if len(pairs) > 1 else [pairs[0]] * 3) if pairs else None
-        table.add_row(arm, str(len(values)), f"{statistics.median(values):.4f}", f"{statistics.mean(values):.4f}",
-                      "-" if arm == "off" else f"{100 * (statistics.median(values) / off - 1):+.2f}%",
-                      "-" if not quartiles else f"{100 * (quartiles[1] - 1):+.2f}% ({100 * (quartiles[0] - 1):+.2f}% .. "
-                      f"{100 * (quartiles[2] - 1):+.2f}%) over {len(pairs)} blocks")
+        table.add_row(
+            arm,
+            str(len(values)),
+            f"{statistics.median(values):.4f}",
+            f"{statistics.mean(values):.4f}",
+            "-" if arm == "off" else f"{100 * (statistics.median(values) / off - 1):+.2f}%",
+            "-"
+            if not quartiles
+            else f"{100 * (quartiles[1] - 1):+.2f}% ({100 * (quartiles[0] - 1):+.2f}% .. "
+            f"{100 * (quartiles[2] - 1):+.2f}%) over {len(pairs)} blocks",
+        )
     console = Console(width=150)
     console.print(table)
     console.print(f"{samples} sample rows written, GPU fields {'present' if gpu_fields else 'absent'}")
     if cross_check:
-        console.print("GPU busy cross-check (one sampled block): CUDA profiler kernel time {kernel:.1%} of wall; "
-                      "sampler (NVML utilization) {nvml:.1%} busy, i.e. GPU idle {idle:.1%}".format(**cross_check))
+        console.print(
+            "GPU busy cross-check (one sampled block): CUDA profiler kernel time {kernel:.1%} of wall; "
+            "sampler (NVML utilization) {nvml:.1%} busy, i.e. GPU idle {idle:.1%}".format(**cross_check)
+        )
 
 
 def paired_ratios(block_medians: list[tuple[str, float]], arm: str) -> list[float]:
@@ -121,8 +144,9 @@ def paired_ratios(block_medians: list[tuple[str, float]], arm: str) -> list[floa
     return out
 
 
-def gpu_busy_cross_check(run_block, store: RunStore, run_dir: Path, strategy_id: int, nvme_dir: Path, hz: float,
-                         scratch: str) -> dict:
+def gpu_busy_cross_check(
+    run_block, store: RunStore, run_dir: Path, strategy_id: int, nvme_dir: Path, hz: float, scratch: str
+) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     trace = Path(scratch) / "trace.json"
@@ -134,8 +158,11 @@ def gpu_busy_cross_check(run_block, store: RunStore, run_dir: Path, strategy_id:
             wall = time.perf_counter() - wall_start
         t1 = time.time()
     prof.export_chrome_trace(str(trace))
-    kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in json.loads(trace.read_text())["traceEvents"]
-                     if e.get("cat") == "kernel" and "dur" in e)
+    kernels = sorted(
+        (e["ts"], e["ts"] + e["dur"])
+        for e in json.loads(trace.read_text())["traceEvents"]
+        if e.get("cat") == "kernel" and "dur" in e
+    )
     busy_us, end = 0.0, float("-inf")
     for a, b in kernels:  # union of intervals: kernels on several streams may overlap
         if b > end:

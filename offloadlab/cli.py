@@ -44,8 +44,8 @@ def _reading_store(run_dir: Path):
 
 
 def _read_summaries(run_dir: Path):
-    from offloadlab.results.summary import summarize
     from offloadlab.results.store import RunStore
+    from offloadlab.results.summary import summarize
 
     with _reading_store(run_dir):
         store = RunStore(run_dir)
@@ -92,8 +92,16 @@ def main() -> None:
 @click.option("--master-addr", help="Address of node 0, for several hosts.")
 @click.option("--master-port", default=29500, show_default=True)
 @click.option("--force", is_flag=True, help="Run even when the plan says no strategy fits this machine.")
-def run(spec_path: Path, out: Path | None, keep_checkpoints: bool, nnodes: int, node_rank: int,
-        master_addr: str | None, master_port: int, force: bool) -> None:
+def run(
+    spec_path: Path,
+    out: Path | None,
+    keep_checkpoints: bool,
+    nnodes: int,
+    node_rank: int,
+    master_addr: str | None,
+    master_port: int,
+    force: bool,
+) -> None:
     """Train every strategy of SPEC_PATH side by side, verify checkpoints, and print the comparison."""
     import sqlite3
 
@@ -102,15 +110,18 @@ def run(spec_path: Path, out: Path | None, keep_checkpoints: bool, nnodes: int, 
 
     try:
         spec = load_spec(spec_path)
-        run_dir = run_spec(spec, out, Launch(nnodes, node_rank, master_addr, master_port), console, keep_checkpoints,
-                           force)
+        run_dir = run_spec(
+            spec, out, Launch(nnodes, node_rank, master_addr, master_port), console, keep_checkpoints, force
+        )
     except SpecError as err:
         _fail(str(err))
     except KeyboardInterrupt:
         sys.exit(130)  # the runner said what it stopped and removed
     except sqlite3.OperationalError as err:  # the run store's disk filled: the runner cleaned up first
-        console.print(f"[bold red]error:[/] the run stopped: its store could not be written ({escape(str(err))}); "
-                      "free space on the run folder's drive (or pass --out on another) and run again")
+        console.print(
+            f"[bold red]error:[/] the run stopped: its store could not be written ({escape(str(err))}); "
+            "free space on the run folder's drive (or pass --out on another) and run again"
+        )
         sys.exit(1)
     summaries = _read_summaries(run_dir)
     console.print(compare_table(run_dir, summaries))
@@ -118,8 +129,9 @@ def run(spec_path: Path, out: Path | None, keep_checkpoints: bool, nnodes: int, 
     # "does not fit" is an answer about the model; a failure or an unverified restore is something to fix.
     broken = [s.name for s in summaries if s.status is Status.FAILED or s.checkpoint_verified is False]
     if broken:
-        console.print(Text.assemble(("failed: ", "bold red"), f"{', '.join(broken)} (reasons above; logs in "
-                                    f"{run_dir / 'logs'})"))
+        console.print(
+            Text.assemble(("failed: ", "bold red"), f"{', '.join(broken)} (reasons above; logs in {run_dir / 'logs'})")
+        )
         sys.exit(1)
 
 
@@ -150,26 +162,38 @@ def report(run_dir: Path, out: Path | None) -> None:
 
 
 @main.command()
-@click.option("--nvme", "nvme_path", required=True, type=click.Path(path_type=Path), help="A folder on the drive to tune.")
+@click.option(
+    "--nvme", "nvme_path", required=True, type=click.Path(path_type=Path), help="A folder on the drive to tune."
+)
 @click.option("--quick", is_flag=True, help="A sweep under a minute (smaller files, fewer repeats).")
-@click.option("--workload", type=click.Choice(["param", "optimizer", "both"]), default="both", show_default=True,
-              help="What will be offloaded: sets the read/write weight of the objective.")
-@click.option("--spec", "spec_path", type=click.Path(path_type=Path), help="Also size the swap buffers for this spec's model.")
+@click.option(
+    "--workload",
+    type=click.Choice(["param", "optimizer", "both"]),
+    default="both",
+    show_default=True,
+    help="What will be offloaded: sets the read/write weight of the objective.",
+)
+@click.option(
+    "--spec", "spec_path", type=click.Path(path_type=Path), help="Also size the swap buffers for this spec's model."
+)
 @click.option("--verify", is_flag=True, help="With --spec: run its NVMe strategies for 2 real steps with the result.")
-@click.option("--out", type=click.Path(path_type=Path), help="Where to write the fragment and store (default runs/tune-<time>).")
+@click.option(
+    "--out", type=click.Path(path_type=Path), help="Where to write the fragment and store (default runs/tune-<time>)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, verify: bool, out: Path | None,
-         as_json: bool) -> None:
+def tune(
+    nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, verify: bool, out: Path | None, as_json: bool
+) -> None:
     """Measure DeepSpeed aio settings on NVME and write the fastest as a config fragment."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT
     from offloadlab.engines.ops import announce_on
     from offloadlab.results.rundir import DB_NAME, RunDir, RunDirError, signals_ignored
     from offloadlab.results.store import RunStore
-    from offloadlab.tune.swap_buffers import plan_swap_buffers
+    from offloadlab.tune.fragment import write_fragments
     from offloadlab.tune.search import READ_SHARE, Tuner, TuneSettings
-    from offloadlab.tune.output import plan_table, point_row, points_table, store_rows, summary_table, write_fragments
+    from offloadlab.tune.swap_buffers import plan_swap_buffers
+    from offloadlab.tune.tables import plan_table, points_table, summary_table
 
     if as_json:
         _stdout_for_json_only()
@@ -198,14 +222,21 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
         # Points go to the store as they are measured, so `offloadlab tui` shows the sweep live.
         store = RunStore(out_dir.root, create_schema=True)
         run_id = store.add_run("tune", "")
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=not sys.stdout.isatty()) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=not sys.stdout.isatty(),
+        ) as progress:
             task = progress.add_task("sweeping", total=None)
 
             def on_progress(stage, point_result, done, expected):
-                progress.update(task, description=f"{stage:<9} {point_result.point.label()}", completed=done, total=expected)
-                store.upsert_tune_points(run_id, [point_row(point_result, READ_SHARE[workload],
-                                                            is_default=point_result.point == DEEPSPEED_DEFAULT)])
+                progress.update(
+                    task, description=f"{stage:<9} {point_result.point.label()}", completed=done, total=expected
+                )
+                store.upsert_tune_points(run_id, [point_result.record(READ_SHARE[workload])])
 
             tuner.on_progress = on_progress
             result = tuner.run()
@@ -222,8 +253,10 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
         if isinstance(err, KeyboardInterrupt):
             kept = out_dir.root in made and out_dir.root.exists()
             left = " (the folder it made stays: it holds files the tune did not write)" if kept else ""
-            console.print(f"[yellow]interrupted: the tuning files and what the tune wrote to its output folder were "
-                          f"removed{left}[/]")
+            console.print(
+                f"[yellow]interrupted: the tuning files and what the tune wrote to its output folder were "
+                f"removed{left}[/]"
+            )
             sys.exit(130)
         if isinstance(err, SpecError):
             _fail(str(err))
@@ -231,14 +264,24 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
     plan = plan_swap_buffers(spec, nvme_strategy, result.best.point.intra_op_parallelism) if nvme_strategy else None
     toml_path, json_path = write_fragments(result, plan, out_dir.root)
     store.set_run_spec(run_id, toml_path.read_text())
-    store.upsert_tune_points(run_id, store_rows(result))
+    store.upsert_tune_points(run_id, result.records())
     store.set_run_status(run_id, Status.DONE)
     if as_json:
-        click.echo(json.dumps({"fragment": str(toml_path), "best": result.best.point.as_config(),
-                               "read_gbps": result.best.read_gbps, "write_gbps": result.best.write_gbps,
-                               "pcie": dataclasses.asdict(result.pcie) if result.pcie else None,
-                               "direct_io": dataclasses.asdict(result.direct_io),
-                               "seconds": result.seconds, "points": store_rows(result)}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "fragment": str(toml_path),
+                    "best": result.best.point.model_dump(),
+                    "read_gbps": result.best.read_gbps,
+                    "write_gbps": result.best.write_gbps,
+                    "pcie": dataclasses.asdict(result.pcie) if result.pcie else None,
+                    "direct_io": dataclasses.asdict(result.direct_io),
+                    "seconds": result.seconds,
+                    "points": [p.as_dict() for p in result.records()],
+                },
+                indent=2,
+            )
+        )
     else:
         console.print(points_table(result))
         console.print(summary_table(result))
@@ -259,30 +302,78 @@ def tune(nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, ve
 @click.option("--gpus", type=int, help="GPUs (ranks) on this host; default: detected (or the spec's nproc).")
 @click.option("--gpu-mem", type=float, help="GiB per GPU; default: detected. 0 means no GPU.")
 @click.option("--host-mem", type=float, help="GiB of RAM to plan with; default: available now.")
-@click.option("--nvme", "nvme_path", type=click.Path(path_type=Path), help="NVMe folder; default: the spec's nvme_path.")
-@click.option("--tflops", type=float, help="Model TFLOP/s a step's forward and backward reach on the GPU planned for; default: one block measured now.")
+@click.option(
+    "--nvme", "nvme_path", type=click.Path(path_type=Path), help="NVMe folder; default: the spec's nvme_path."
+)
+@click.option(
+    "--tflops",
+    type=float,
+    help="Model TFLOP/s a step's forward and backward reach on the GPU planned for; default: one block measured now.",
+)
 @click.option("--pcie", type=float, help="Pinned host<->GPU GB/s of the machine planned for; default: measured now.")
-@click.option("--tuned", "tuned_dir", type=click.Path(path_type=Path), help="An `offloadlab tune` output folder to take NVMe speeds (and aio settings) from.")
-@click.option("--write", "write_dir", type=click.Path(path_type=Path), help="Write the winner (or --strategy) as a run spec, DeepSpeed JSON and Accelerate config here.")
+@click.option(
+    "--tuned",
+    "tuned_dir",
+    type=click.Path(path_type=Path),
+    help="An `offloadlab tune` output folder to take NVMe speeds (and aio settings) from.",
+)
+@click.option(
+    "--write",
+    "write_dir",
+    type=click.Path(path_type=Path),
+    help="Write the winner (or --strategy) as a run spec, DeepSpeed JSON and Accelerate config here.",
+)
 @click.option("--strategy", "chosen", help="With --write: the placement to write instead of the winner.")
 @click.option("--largest", is_flag=True, help="Find the largest GPT some placement fits on this machine, and plan it.")
 @click.option("--json", "as_json", is_flag=True)
-def plan(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, gpu_mem, host_mem, nvme_path, tflops, pcie,
-         tuned_dir, write_dir, chosen, largest, as_json) -> None:
+def plan(
+    spec_path,
+    preset,
+    seq_len,
+    micro_batch,
+    grad_accum,
+    precision,
+    gpus,
+    gpu_mem,
+    host_mem,
+    nvme_path,
+    tflops,
+    pcie,
+    tuned_dir,
+    write_dir,
+    chosen,
+    largest,
+    as_json,
+) -> None:
     """Predict memory and a step-time bound for every placement on this machine, rank what fits."""
-    from offloadlab.plan.output import breakdown_table, plan_table, write_plan
-    from offloadlab.plan.inputs import PlanInputs
+    from offloadlab.plan.inputs import PlanInputs, PlanRequest
+    from offloadlab.plan.output import breakdown_table, machine_table, plan_json, plan_table, write_plan
 
     if as_json:
         _stdout_for_json_only()
     if largest and (spec_path or preset):
         _fail("--largest searches the model size itself: give neither SPEC nor --model")
     try:
-        inputs = PlanInputs.gather(spec_path, "tiny" if largest else preset, seq_len, micro_batch, grad_accum, precision,
-                                   gpus, gpu_mem, host_mem, nvme_path, tuned_dir, console, tflops, pcie)
+        request = PlanRequest(
+            spec_path,
+            "tiny" if largest else preset,
+            seq_len,
+            micro_batch,
+            grad_accum,
+            precision,
+            gpus,
+            gpu_mem,
+            host_mem,
+            nvme_path,
+            tuned_dir,
+            tflops,
+            pcie,
+        )
+        inputs = PlanInputs.gather(request, console)
     except SpecError as err:
         _fail(str(err))
-    from offloadlab.plan.predict import largest_model, plan as make_plan, why_winner
+    from offloadlab.plan.predict import largest_model, why_winner
+    from offloadlab.plan.predict import plan as make_plan
 
     if largest:
         from offloadlab.workload.model import PRESETS
@@ -294,16 +385,24 @@ def plan(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, g
 
     predictions = make_plan(inputs.shape, inputs.machine, inputs.links, inputs.buffers)
     if as_json:
-        click.echo(json.dumps(inputs.as_json(predictions), indent=2))
+        click.echo(json.dumps(plan_json(inputs, predictions), indent=2))
     else:
-        console.print(inputs.machine_table())
+        console.print(machine_table(inputs.machine, inputs.links))
         console.print(plan_table(predictions, f"offloadlab plan: {inputs.title}"))
         console.print(why_winner(predictions))
     if write_dir:
         feasible = [x for x in predictions if x.fits]
-        pick = next((x for x in predictions if x.placement.name == chosen), None) if chosen else (feasible[0] if feasible else None)
+        pick = (
+            next((x for x in predictions if x.placement.name == chosen), None)
+            if chosen
+            else (feasible[0] if feasible else None)
+        )
         if pick is None:
-            _fail(f"--strategy {chosen!r} is not one of the planned placements" if chosen else "nothing fits: nothing to write")
+            _fail(
+                f"--strategy {chosen!r} is not one of the planned placements"
+                if chosen
+                else "nothing fits: nothing to write"
+            )
         if not as_json:
             console.print(breakdown_table(pick))
         for path in write_plan(pick, inputs.spec, write_dir, inputs.tuned_fragment):
@@ -316,7 +415,8 @@ def plan(spec_path, preset, seq_len, micro_batch, grad_accum, precision, gpus, g
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor(nvme_path: Path | None, build: bool, as_json: bool) -> None:
     """Versions, DeepSpeed's ops, libaio, locked-memory limits, GPUs, RAM and disk: paste it into bug reports."""
-    from offloadlab.checks.doctor import as_json as findings_json, diagnose, findings_table
+    from offloadlab.checks.doctor import as_json as findings_json
+    from offloadlab.checks.doctor import diagnose, findings_table
     from offloadlab.engines.ops import announce_on
 
     if as_json:
@@ -331,27 +431,54 @@ def doctor(nvme_path: Path | None, build: bool, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("folder", type=click.Path(path_type=Path))
+def init(folder: Path) -> None:
+    """Write the example run specs into FOLDER (made if missing), to edit and run."""
+    from importlib.resources import files
+
+    examples = sorted(
+        (f for f in files("offloadlab.examples").iterdir() if f.name.endswith(".toml")), key=lambda f: f.name
+    )
+    if folder.exists() and not folder.is_dir():
+        _fail(f"{folder} is a file: pass a folder")
+    present = [f.name for f in examples if (folder / f.name).exists()]
+    if present:
+        _fail(f"{folder} already holds {', '.join(present)}: pass another folder (nothing was written)")
+    folder.mkdir(parents=True, exist_ok=True)
+    for example in examples:
+        (folder / example.name).write_text(example.read_text())
+    console.print(
+        Text(
+            f"wrote {len(examples)} example specs to {folder}: {', '.join(f.name for f in examples)} "
+            f"(each says what it is for in its first lines)\ntry: offloadlab run {folder / 'tiny_cpu.toml'}"
+        )
+    )
+
+
+@main.command()
 @click.argument("run_dir", required=False, type=click.Path(path_type=Path))
-@click.option("--root", type=click.Path(path_type=Path), default=Path("runs"), show_default=True,
-              help="Where run directories live; without RUN_DIR the newest is followed.")
+@click.option(
+    "--root",
+    type=click.Path(path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+    help="Where run directories live; without RUN_DIR the newest is followed.",
+)
 def tui(run_dir: Path | None, root: Path) -> None:
     """Open the live dashboard (runs, tuning, runs browser) in this terminal."""
-    import os
+    from importlib.metadata import entry_points
 
-    # The TUI is a separate package that reads run stores; offloadlab never imports it. -P: a `tui/` folder
-    # in the current directory must not run instead of it.
-    args = [sys.executable, "-P", "-m", "tui", "--root", str(root), *([str(run_dir)] if run_dir else [])]
-    try:
-        os.execv(sys.executable, args)
-    except OSError as err:
-        _fail(f"could not start the TUI ({err}): is offloadlab installed with its tui package?")
+    # The TUI is a package of its own that reads run stores; offloadlab never imports it, it calls the
+    # entry point the TUI installs.
+    found = entry_points(group="console_scripts", name="offloadlab-tui")
+    if not found:
+        _fail("the TUI is not installed (no offloadlab-tui entry point): reinstall offloadlab")
+    next(iter(found)).load()(["--root", str(root), *([str(run_dir)] if run_dir else [])])
 
 
 def _nvme_param_strategy(spec):
-    from offloadlab.spec import DeepSpeedStrategy
-
     for strategy in spec.strategy:
-        if isinstance(strategy, DeepSpeedStrategy) and strategy.offload_param == "nvme":
+        if strategy.swaps_parameters:
             return strategy
     _fail(f"--spec: no strategy of {spec.name!r} has offload_param = \"nvme\"; swap buffers only matter there")
 
@@ -360,16 +487,19 @@ def _verify_tuned(spec_path: Path, fragment: Path, nvme_path: Path, out_dir: Pat
     """Two real steps of the spec's NVMe strategies with the tuned fragment included."""
     import tomllib
 
+    from offloadlab.results.store import RunStore
     from offloadlab.results.summary import summarize
     from offloadlab.results.tables import compare_table
     from offloadlab.run.runner import Launch, run_spec
     from offloadlab.spec import apply_tuned, parse_spec
-    from offloadlab.results.store import RunStore
 
     raw = tomllib.loads(spec_path.read_text())
     raw.update(steps=2, verify_checkpoint=False, nvme_path=str(nvme_path.resolve()), name="tune-verify")
-    raw["strategy"] = [apply_tuned(s | {"tuned": fragment.name}, fragment.parent) for s in raw["strategy"]
-                       if s.get("engine") == "deepspeed" and "nvme" in (s.get("offload_param"), s.get("offload_optimizer"))]
+    raw["strategy"] = [
+        apply_tuned(s | {"tuned": fragment.name}, fragment.parent)
+        for s in raw["strategy"]
+        if s.get("engine") == "deepspeed" and "nvme" in (s.get("offload_param"), s.get("offload_optimizer"))
+    ]
     run_dir = run_spec(parse_spec(raw, f"{spec_path} (tuned)"), out_dir / "verify", Launch(), console)
     summaries = summarize(RunStore(run_dir))
     console.print(compare_table(run_dir, summaries))

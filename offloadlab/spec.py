@@ -27,8 +27,10 @@ def _safe_name(name: str) -> str:
     """Names become folder and file names (checkpoints/NAME, the NVMe swap folder): no separators, no
     leading dot, nothing a shell or glob reads specially."""
     if not _SAFE_NAME.fullmatch(name):
-        raise ValueError(f"{name!r} is not a usable name: use 1-64 letters, digits and . _ + -, starting with a "
-                         "letter or digit (it names folders)")
+        raise ValueError(
+            f"{name!r} is not a usable name: use 1-64 letters, digits and . _ + -, starting with a "
+            "letter or digit (it names folders)"
+        )
     return name
 
 
@@ -82,14 +84,26 @@ class DataSpec(_Strict):
 OffloadDevice = Literal["none", "cpu", "nvme"]
 
 
-class AioSpec(_Strict):
-    """DeepSpeed's `aio` section, under the keys DeepSpeed 0.19.8 reads (see swap_tensor/aio_config.py)."""
+class AioSettings(_Strict):
+    """DeepSpeed's `aio` section, under the keys DeepSpeed 0.19.8 reads (see swap_tensor/aio_config.py); the
+    defaults are DeepSpeed's. The one type from the tuner's points through tuned.toml and the run store to
+    DeepSpeed's JSON (`model_dump()` is that section)."""
 
     block_size: int = Field(default=1048576, gt=0)
     queue_depth: int = Field(default=8, gt=0)
     intra_op_parallelism: int = Field(default=1, gt=0)
     single_submit: bool = False
     overlap_events: bool = True
+
+    def label(self) -> str:
+        return (
+            f"bs={self.block_size // 1024}K qd={self.queue_depth} t={self.intra_op_parallelism} "
+            f"ss={int(self.single_submit)} ov={int(self.overlap_events)}"
+        )
+
+    def with_(self, **changes) -> "AioSettings":
+        """A copy with some settings changed, validated like any other."""
+        return AioSettings(**{**self.model_dump(), **changes})
 
 
 class DeepSpeedStrategy(_Strict):
@@ -112,7 +126,7 @@ class DeepSpeedStrategy(_Strict):
     stage3_max_live_parameters: int = Field(default=1_000_000_000, gt=0)
     stage3_max_reuse_distance: int = Field(default=1_000_000_000, gt=0)
     stage3_prefetch_bucket_size: int = Field(default=50_000_000, gt=0)
-    aio: AioSpec = AioSpec()
+    aio: AioSettings = AioSettings()
 
     @model_validator(mode="after")
     def _placement(self) -> "DeepSpeedStrategy":
@@ -125,6 +139,11 @@ class DeepSpeedStrategy(_Strict):
     @property
     def uses_nvme(self) -> bool:
         return "nvme" in (self.offload_optimizer, self.offload_param)
+
+    @property
+    def swaps_parameters(self) -> bool:
+        """Parameters live on NVMe and stream through pinned swap buffers (what `tune --spec` sizes)."""
+        return self.offload_param == "nvme"
 
     @property
     def ops_needed(self) -> tuple[str, ...]:
@@ -144,6 +163,10 @@ class FSDP2Strategy(_Strict):
 
     @property
     def uses_nvme(self) -> bool:
+        return False
+
+    @property
+    def swaps_parameters(self) -> bool:
         return False
 
     @property
@@ -222,7 +245,12 @@ def _allowed_keys(loc: tuple) -> list[str]:
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
-        models = [m for model in models if part in model.model_fields for m in _models_in(model.model_fields[part].annotation)]
+        models = [
+            m
+            for model in models
+            if part in model.model_fields
+            for m in _models_in(model.model_fields[part].annotation)
+        ]
     return sorted({name for model in models for name in model.model_fields})
 
 
@@ -284,7 +312,7 @@ def apply_tuned(strategy: dict, base: Path) -> dict:
 def load_spec(path: Path) -> RunSpec:
     path = Path(path)
     if not path.is_file():
-        raise SpecError(f"run spec {path} does not exist; shipped examples are in configs/")
+        raise SpecError(f"run spec {path} does not exist; 'offloadlab init DIR' writes the shipped examples into DIR")
     raw = _read_toml(path, "run spec")
     if isinstance(raw.get("strategy"), list):
         raw["strategy"] = [apply_tuned(s, path.parent) if isinstance(s, dict) else s for s in raw["strategy"]]

@@ -18,6 +18,18 @@ from offloadlab.results.store import RunStore, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Fixtures that train or tune for real (once per session or module): every test using one is slow.
+REAL_RUN_FIXTURES = {"world1", "world2", "swapping_run", "tuned_dir", "tuned"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`pytest -m "not slow"` is the quick loop: tests marked slow themselves train or start offloadlab's
+    processes, and a test that needs a real run is slow through its fixture."""
+    for item in items:
+        if REAL_RUN_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 TINY = dict(seed=0, steps=4, seq_len=32, micro_batch=2, grad_accum=2, precision="fp32", model=dict(preset="tiny"))
 
 
@@ -28,10 +40,17 @@ def write_spec(folder: Path, strategies: list[dict], **overrides) -> Path:
     return path
 
 
-def cli(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+def cli(*args: str, timeout: float = 900, check: bool = True, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`offloadlab ARGS` as a user types it (the installed entry point), from `cwd`."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-m", "offloadlab.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "offloadlab"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"offloadlab {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -45,8 +64,15 @@ def nvme_root(tmp_path_factory) -> Path:
 
 STRATEGIES = [
     dict(name="zero2-cpu", engine="deepspeed", zero_stage=2, offload_optimizer="cpu"),
-    dict(name="zero3-nvme", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
-         buffer_count=5, buffer_size=1_000_000),
+    dict(
+        name="zero3-nvme",
+        engine="deepspeed",
+        zero_stage=3,
+        offload_optimizer="nvme",
+        offload_param="nvme",
+        buffer_count=5,
+        buffer_size=1_000_000,
+    ),
     dict(name="fsdp2", engine="fsdp2"),
     dict(name="fsdp2-cpu-offload", engine="fsdp2", cpu_offload=True),
 ]
@@ -86,9 +112,14 @@ def start_cli(*args: str) -> subprocess.Popen:
     A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt
     handler: under `bash .ci/run &` the SIGINT tests would see the CLI run to completion.
     """
-    return subprocess.Popen([sys.executable, "-m", "offloadlab.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "offloadlab.cli", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def wait_for_worker(proc: subprocess.Popen, run_dir: Path, timeout: float = 300) -> psutil.Process:

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, write_spec
 
+from conftest import REPO, write_spec
+from offloadlab.engines.base import Engine
+from offloadlab.engines.digests import digest_tree
+from offloadlab.engines.dist import DistContext
 from offloadlab.train.checkpoint import latest_checkpoint, restore_and_check, save_atomic
-from offloadlab.engines.base import DistContext, Engine, digest_tree
 
 
 class TensorEngine(Engine):
@@ -25,6 +27,14 @@ class TensorEngine(Engine):
         super().__init__(DistContext(0, 1, 0, torch.device("cpu")))
         self.weight = torch.full((4,), value)
         self.fail_mid_save = fail_mid_save
+
+    @classmethod
+    def build(cls, spec, strategy, ctx, nvme_dir):
+        raise NotImplementedError
+
+    @classmethod
+    def checkpoint_bytes(cls, strategy, n_params, param_bytes):
+        raise NotImplementedError
 
     @property
     def module(self):
@@ -113,21 +123,41 @@ engine.close()
 """
 
 
-@pytest.mark.parametrize("strategy, nproc", [
-    # at one rank on the CPU the full tensor is the local shard itself; two ranks make the gather copy
-    (dict(name="fsdp2-cpu-offload", engine="fsdp2", cpu_offload=True), 2),
-    (dict(name="zero2-cpu", engine="deepspeed", zero_stage=2, offload_optimizer="cpu"), 1),
-])
+@pytest.mark.parametrize(
+    "strategy, nproc",
+    [
+        # at one rank on the CPU the full tensor is the local shard itself; two ranks make the gather copy
+        (dict(name="fsdp2-cpu-offload", engine="fsdp2", cpu_offload=True), 2),
+        (dict(name="zero2-cpu", engine="deepspeed", zero_stage=2, offload_optimizer="cpu"), 1),
+    ],
+)
+@pytest.mark.slow
 def test_the_restore_check_digests_state_without_a_second_copy_in_ram(tmp_path, strategy, nproc):
     """At 1.42B a full copy of the fp32 state (FSDP2's full_state_dict, or torch.load of DeepSpeed's
     optimizer file) added 17 GiB to the run's host peak. The digest now gathers or maps one tensor (or
     16 MiB of one) at a time: rank 0's peak stays a small part of the state (~350 MB here)."""
-    spec = write_spec(tmp_path, [strategy], nproc=nproc, model=dict(d_model=512, n_layers=8, n_heads=8, vocab_size=4096))
+    spec = write_spec(
+        tmp_path, [strategy], nproc=nproc, model=dict(d_model=512, n_layers=8, n_heads=8, vocab_size=4096)
+    )
     script = tmp_path / "digest_peak.py"
     script.write_text(DIGEST_PEAK_SCRIPT)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                           str(script), str(spec), str(tmp_path / "ckpt")],
-                          cwd=REPO, env={**os.environ, "DS_ACCELERATOR": "cpu"}, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            str(script),
+            str(spec),
+            str(tmp_path / "ckpt"),
+        ],
+        cwd=REPO,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     state_bytes = 12 * result["params"]  # fp32 weights and both Adam moments, all ranks together

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from offloadlab.spec import DataSpec, ModelSpec
 from offloadlab.workload.data import TokenSource
 from offloadlab.workload.model import PRESETS, build_model, gpt_config
-from offloadlab.spec import DataSpec, ModelSpec
 
 
 def test_preset_sizes():
@@ -27,7 +27,9 @@ def test_same_seed_same_weights_other_seed_other_weights():
 
 def test_a_step_has_the_same_samples_however_ranks_and_accumulation_split_it():
     source = TokenSource(DataSpec(), vocab_size=256, seq_len=16, seed=3)
-    one_rank = torch.cat([b.inputs for b in source.micro_batches(step=5, rank=0, world=1, micro_batch=2, grad_accum=4)])
+    one_rank = torch.cat(
+        [b.inputs for b in source.micro_batches(step=5, rank=0, world=1, micro_batch=2, grad_accum=4)]
+    )
     two_ranks = [source.micro_batches(step=5, rank=r, world=2, micro_batch=2, grad_accum=2) for r in (0, 1)]
     split = torch.cat([torch.cat([b.inputs for b in two_ranks[r]]) for r in (0, 1)])
     assert sorted(map(tuple, one_rank.tolist())) == sorted(map(tuple, split.tolist()))
@@ -53,10 +55,19 @@ def test_token_ids_beyond_the_vocabulary_are_rejected(tmp_path):
         TokenSource(DataSpec(kind="text", path=path), vocab_size=128, seq_len=8, seed=0)
 
 
+@pytest.mark.slow
 def test_hugging_face_config_builds_without_weights(tmp_path):
     pytest.importorskip("transformers")
-    config = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=4, vocab_size=256, max_position_embeddings=64)
+    config = dict(
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
     (tmp_path / "config.json").write_text(json.dumps(config))
     model = build_model(ModelSpec(hf_config=tmp_path / "config.json"), seq_len=16, seed=0)
     assert len(model.blocks) == 2
@@ -65,8 +76,8 @@ def test_hugging_face_config_builds_without_weights(tmp_path):
 
 @pytest.mark.parametrize("preset", ["tiny", "small-cpu"])
 def test_the_planners_parameter_list_is_the_built_models(preset):
-    from offloadlab.workload.model import build_model, gpt_config
     from offloadlab.spec import ModelSpec
+    from offloadlab.workload.model import build_model, gpt_config
 
     spec = ModelSpec(preset=preset)
     assert gpt_config(spec, 64).param_numels() == [p.numel() for p in build_model(spec, 64, 0).parameters()]

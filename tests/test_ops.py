@@ -19,13 +19,16 @@ from conftest import REPO, cli, write_spec
 from offloadlab.engines import ops
 from offloadlab.results.store import RunStore
 
-LOAD = "import sys; from offloadlab.engines.ops import is_built, load_op; print('built before:', is_built(sys.argv[1])); " \
-       "load_op(sys.argv[1])"
+LOAD = (
+    "import sys; from offloadlab.engines.ops import is_built, load_op; print('built before:', is_built(sys.argv[1])); "
+    "load_op(sys.argv[1])"
+)
 
 
 def _load_in_new_process(op: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", LOAD, op], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(
+        [sys.executable, "-c", LOAD, op], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def _fingerprint(folders: list[Path]) -> dict[str, tuple[int, str]]:
@@ -33,6 +36,7 @@ def _fingerprint(folders: list[Path]) -> dict[str, tuple[int, str]]:
     return {f.name: ((f / f"{f.name}.so").stat().st_mtime_ns, (f / ".ninja_log").read_text()) for f in folders}
 
 
+@pytest.mark.slow
 def test_one_build_serves_processes_with_another_path_cflags_and_cxx():
     """A system ninja reads the venv ninja's log as 'every command changed' (1.11 vs 1.13 here: a 3-minute
     rebuild of async_io), and $CXX goes into every command: both are pinned, so nothing rebuilds."""
@@ -52,6 +56,7 @@ def test_one_build_serves_processes_with_another_path_cflags_and_cxx():
     assert _fingerprint(folders) == before
 
 
+@pytest.mark.slow
 def test_a_dead_holders_torch_lock_is_removed_and_a_live_builders_is_waited_for(tmp_path):
     folder = tmp_path / "cpu_adam"
     folder.mkdir()
@@ -68,10 +73,18 @@ def test_a_dead_holders_torch_lock_is_removed_and_a_live_builders_is_waited_for(
 
 
 def test_the_build_lock_is_released_when_its_holder_is_killed(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; "
-                               "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
-                               "print('locked', flush=True); time.sleep(600)", str(tmp_path / ops.LOCK_FILE)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; "
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('locked', flush=True); time.sleep(600)",
+            str(tmp_path / ops.LOCK_FILE),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "locked"
     fd = os.open(tmp_path / ops.LOCK_FILE, os.O_RDWR)
     with pytest.raises(BlockingIOError):
@@ -101,8 +114,14 @@ def test_a_build_killed_part_way_is_redone_by_the_next_run(tmp_path):
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "DS_ACCELERATOR": "cpu"}
     ops.load_op("cpu_adam")  # built at setup; built here otherwise
     shutil.copytree(ops.build_folders("cpu_adam")[0], extensions / "cpu_adam")  # copy2 keeps ninja's mtimes
-    build = subprocess.Popen([sys.executable, "-c", LOAD, "deepspeed_shm_comm"], cwd=REPO, env=env,
-                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    build = subprocess.Popen(
+        [sys.executable, "-c", LOAD, "deepspeed_shm_comm"],
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     folder = extensions / "deepspeed_shm_comm"
     deadline = time.monotonic() + 300
     while not _compiler_running_in(folder):
@@ -112,10 +131,20 @@ def test_a_build_killed_part_way_is_redone_by_the_next_run(tmp_path):
     build.wait()
     assert (folder / "lock").exists() and not (folder / "deepspeed_shm_comm.so").exists()
 
-    spec = write_spec(tmp_path, [dict(name="zero2-cpu", engine="deepspeed", zero_stage=2, offload_optimizer="cpu")],
-                      steps=2, verify_checkpoint=False)
-    proc = subprocess.run([sys.executable, "-m", "offloadlab.cli", "run", str(spec), "--out", str(tmp_path / "run")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    spec = write_spec(
+        tmp_path,
+        [dict(name="zero2-cpu", engine="deepspeed", zero_stage=2, offload_optimizer="cpu")],
+        steps=2,
+        verify_checkpoint=False,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "offloadlab.cli", "run", str(spec), "--out", str(tmp_path / "run")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "building DeepSpeed's deepspeed_shm_comm op (first use, under a minute)" in proc.stdout
     assert "cpu_adam op" not in proc.stdout  # the copied build served as it was
@@ -125,12 +154,18 @@ def test_a_build_killed_part_way_is_redone_by_the_next_run(tmp_path):
     assert not (folder / "lock").exists()
 
 
+@pytest.mark.slow
 def test_a_strategy_that_fails_for_a_reason_other_than_size_fails_the_run(tmp_path):
     """'does not fit' is a result (exit 0); a failure is something to fix, and scripts must see it."""
     short = tmp_path / "short.txt"
     short.write_text("too short")  # 9 byte tokens; seq_len 32 needs 34
-    spec = write_spec(tmp_path, [dict(name="fsdp2", engine="fsdp2")], data=dict(kind="text", path=str(short)),
-                      verify_checkpoint=False, steps=1)
+    spec = write_spec(
+        tmp_path,
+        [dict(name="fsdp2", engine="fsdp2")],
+        data=dict(kind="text", path=str(short)),
+        verify_checkpoint=False,
+        steps=1,
+    )
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
     assert proc.returncode == 1, proc.stdout
     assert "fsdp2: failed: SpecError: data.path" in proc.stdout

@@ -13,8 +13,9 @@ from offloadlab.checks.host import PreflightError, check_direct_io, check_direct
 from offloadlab.run.preflight import check_disk_for_run
 from offloadlab.spec import load_spec
 
-NVME_STRATEGY = dict(name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
-                     buffer_size=1_000_000)
+NVME_STRATEGY = dict(
+    name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme", buffer_size=1_000_000
+)
 
 
 def test_missing_path():
@@ -45,6 +46,7 @@ def test_too_little_free_disk(tmp_path):
         check_free_disk(tmp_path, 10**18, "nvme_path")
 
 
+@pytest.mark.slow
 def test_run_rejects_a_swap_buffer_smaller_than_the_largest_parameter(tmp_path):
     spec = write_spec(tmp_path, [NVME_STRATEGY | {"buffer_size": 1000}], nvme_path=str(tmp_path))
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
@@ -54,6 +56,7 @@ def test_run_rejects_a_swap_buffer_smaller_than_the_largest_parameter(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.toml"]
 
 
+@pytest.mark.slow
 def test_run_rejects_tmpfs_nvme_path(tmp_path):
     spec = write_spec(tmp_path, [NVME_STRATEGY], nvme_path="/dev/shm")
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
@@ -67,11 +70,12 @@ def _model_of(n_params_target: int) -> dict:
     return dict(d_model=d, n_layers=1, n_heads=8, vocab_size=max(256, (n_params_target - 12 * d * d) // (2 * d)))
 
 
+@pytest.mark.slow
 def test_run_counts_the_checkpoint_beside_the_swap_folder_on_one_drive(tmp_path):
     """A ZeRO-3 NVMe strategy whose swap folder fits the free disk, but not with its checkpoint and the
     restore check's second copy on the same drive: refused before any process starts, with the fixes named."""
-    from offloadlab.workload.model import gpt_config
     from offloadlab.spec import ModelSpec
+    from offloadlab.workload.model import gpt_config
 
     free = shutil.disk_usage(tmp_path).free
     model = _model_of(int(free / 30))  # swap ~19.8 B/param fits; swap + 2 x 12 B/param checkpoint does not
@@ -85,6 +89,9 @@ def test_run_counts_the_checkpoint_beside_the_swap_folder_on_one_drive(tmp_path)
     assert "set verify_checkpoint = false, or pass --out on another drive" in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.toml"]
 
-    without_check = load_spec(write_spec(tmp_path, [strategy], nvme_path=str(tmp_path), precision="bf16", model=model,
-                                         verify_checkpoint=False))
+    without_check = load_spec(
+        write_spec(
+            tmp_path, [strategy], nvme_path=str(tmp_path), precision="bf16", model=model, verify_checkpoint=False
+        )
+    )
     check_disk_for_run(without_check, tmp_path / "run", n_params)  # the swap folder alone fits

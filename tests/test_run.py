@@ -12,8 +12,9 @@ import psutil
 import pytest
 
 from conftest import STRATEGIES, cli, start_cli, wait_for_worker, write_spec
-from offloadlab.results.summary import summarize
 from offloadlab.results.store import RunStore
+from offloadlab.results.summary import summarize
+
 
 def _losses(run_dir: Path) -> dict[str, list[float]]:
     store = RunStore(run_dir)
@@ -83,9 +84,15 @@ def test_two_ranks_over_gloo_match_one_rank_with_twice_the_accumulation(world1, 
         assert two[name] == pytest.approx(one[name], rel=1e-4), name
     store = RunStore(world2)
     strategy_id = store.strategies(store.run()["id"])[0]["id"]
-    assert {r for r in (row["rank"] for row in store.conn.execute("SELECT rank FROM steps WHERE strategy_id = ?", (strategy_id,)))} == {0, 1}
+    assert {
+        r
+        for r in (
+            row["rank"] for row in store.conn.execute("SELECT rank FROM steps WHERE strategy_id = ?", (strategy_id,))
+        )
+    } == {0, 1}
 
 
+@pytest.mark.slow
 def test_a_killed_strategy_is_recorded_and_the_others_go_on(tmp_path, nvme_root):
     """A rank killed by another process's SIGKILL: recorded as that (the kernel's OOM counters did not move,
     so it is not called an OOM), and the next strategy runs."""
@@ -108,6 +115,7 @@ def _swap_folders(nvme_root: Path, strategy: str) -> list[Path]:
     return [p for p in nvme_root.iterdir() if p.name.startswith("offloadlab-run-") and p.name.endswith(f"-{strategy}")]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_job_and_removes_what_the_run_created(tmp_path, nvme_root):
     bystander = nvme_root / "not-ours.bin"
     bystander.write_bytes(b"user data")
@@ -131,14 +139,17 @@ def test_ctrl_c_stops_the_job_and_removes_what_the_run_created(tmp_path, nvme_ro
 
 def test_collective_volume_is_recorded_per_rank_and_step(world2):
     """Both engines reduce-scatter every fp32 gradient once a step at world size 2, on each rank."""
-    from offloadlab.workload.model import gpt_config
     from offloadlab.spec import ModelSpec
+    from offloadlab.workload.model import gpt_config
 
     gradient_bytes = 4 * gpt_config(ModelSpec(preset="tiny"), 32).n_params
     store = RunStore(world2)
     for row in store.strategies(store.run()["id"]):
-        scattered = {(e["rank"], e["step"]): json.loads(e["detail"]) for e in store.events(row["id"], "comm.reduce_scatter")
-                     if json.loads(e["detail"])["phase"] == "train"}
+        scattered = {
+            (e["rank"], e["step"]): json.loads(e["detail"])
+            for e in store.events(row["id"], "comm.reduce_scatter")
+            if json.loads(e["detail"])["phase"] == "train"
+        }
         assert {rank for rank, _ in scattered} == {0, 1}, row["name"]
         assert all(t["bytes"] == gradient_bytes for t in scattered.values()), (row["name"], scattered)
         assert store.events(row["id"], "comm.all_gather"), row["name"]
@@ -152,15 +163,17 @@ def test_model_facts_are_recorded_and_mfu_follows_from_them(world1, world2):
 
     from offloadlab.results import figures
     from offloadlab.results.summary import _model_facts
-    from offloadlab.workload.model import gpt_config
     from offloadlab.spec import ModelSpec
+    from offloadlab.workload.model import gpt_config
 
     cfg = gpt_config(ModelSpec(preset="tiny"), 32)
     for run_dir, world in ((world1, 1), (world2, 2)):
         store = RunStore(run_dir)
         for row, summary in zip(store.strategies(store.run()["id"]), summarize(store)):
             facts = _model_facts(store, row["id"])
-            assert (facts.n_params, facts.n_layers, facts.d_model) == (cfg.n_params, cfg.n_layers, cfg.d_model), row["name"]
+            assert (facts.n_params, facts.n_layers, facts.d_model) == (cfg.n_params, cfg.n_layers, cfg.d_model), row[
+                "name"
+            ]
             assert (facts.device_name, facts.world_size, facts.seq_len) == ("cpu", world, 32)
             assert summary.mfu_percent is None  # a CPU has no entry in the peak table
     on_h200 = replace(facts, device_name="NVIDIA H200", precision="bf16")

@@ -20,9 +20,9 @@ import pytest
 
 from conftest import REPO, STRATEGIES, cli, start_cli, wait_for_worker, write_spec
 from offloadlab.checks import host as preflight
-from offloadlab.results.summary import summarize
 from offloadlab.results.rundir import RunDir, RunDirError
 from offloadlab.results.store import DB_NAME, RunStore
+from offloadlab.results.summary import summarize
 
 OFFLOADLAB = str(Path(sys.executable).parent / "offloadlab")  # the console script, as a user starts it
 FSDP2 = dict(name="fsdp2", engine="fsdp2")
@@ -52,6 +52,7 @@ def _gone(pids: list[int], timeout: float = 30) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["../..", "a/b", ".hidden", "x y"])
 def test_unsafe_strategy_names_are_refused_before_anything_is_made(tmp_path, name):
     """A strategy named '../..' used to delete the run folder's parent (an earlier run's folder with it)."""
@@ -76,21 +77,32 @@ def test_every_path_in_the_run_folder_stays_inside_it(tmp_path):
         run_dir.scratch("x")
 
 
+@pytest.mark.slow
 def test_modules_planted_in_the_current_folder_never_run(tmp_path):
     """`python -m torch.distributed.run` from the user's folder imported a planted torch/ there (every strategy
     failed with 'planted'), and `offloadlab tui` ran a planted tui/__main__.py."""
     planted = tmp_path / "cwd"
     marker = tmp_path / "planted-code-ran"
-    for package in ("torch", "offloadlab", "tui"):
+    for package in ("torch", "offloadlab", "tui", "offloadlab_tui"):
         (planted / package).mkdir(parents=True)
         for module in ("__init__.py", "__main__.py"):
             (planted / package / module).write_text(f"open({str(marker)!r}, 'a').write('{package}')\n")
     spec = write_spec(tmp_path, [FSDP2], steps=2, verify_checkpoint=False)
-    run = subprocess.run([OFFLOADLAB, "run", str(spec), "--out", str(tmp_path / "run")], cwd=planted,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [OFFLOADLAB, "run", str(spec), "--out", str(tmp_path / "run")],
+        cwd=planted,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
-    tui = subprocess.Popen([OFFLOADLAB, "tui", "--root", str(tmp_path)], cwd=planted, stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tui = subprocess.Popen(
+        [OFFLOADLAB, "tui", "--root", str(tmp_path)],
+        cwd=planted,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(8)
     tui.kill()
     tui.wait()
@@ -128,6 +140,7 @@ def _dead_run_left_running(tmp_path: Path, nvme_root: Path, sig: int) -> tuple[P
     return run_dir, pids
 
 
+@pytest.mark.slow
 def test_a_closed_terminal_stops_the_run_and_cleans_up_like_ctrl_c(tmp_path, nvme_root):
     run_dir, pids = _dead_run_left_running(tmp_path, nvme_root, signal.SIGHUP)
     assert _gone(pids)
@@ -136,6 +149,7 @@ def test_a_closed_terminal_stops_the_run_and_cleans_up_like_ctrl_c(tmp_path, nvm
     assert store.run_status() == "interrupted"
 
 
+@pytest.mark.slow
 def test_a_killed_cli_takes_its_workers_with_it_and_the_next_run_removes_its_swap_folder(tmp_path, nvme_root):
     """SIGKILL of the CLI left torchrun, the worker and the sampler training to the last step (sessions of
     their own), the swap folder for ever and the store at 'running'."""
@@ -152,6 +166,7 @@ def test_a_killed_cli_takes_its_workers_with_it_and_the_next_run_removes_its_swa
     assert RunStore(run_dir).run()["status"] == "interrupted"
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_does_not_cut_the_cleanup_short(tmp_path, nvme_root):
     spec = write_spec(tmp_path, [STRATEGIES[1] | {"name": "twice"}], steps=3000, nvme_path=str(nvme_root))
     run_dir = tmp_path / "run"
@@ -167,6 +182,7 @@ def test_a_second_ctrl_c_does_not_cut_the_cleanup_short(tmp_path, nvme_root):
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "scratch").exists()
 
 
+@pytest.mark.slow
 def test_two_runs_into_one_folder_one_is_refused_and_the_other_is_whole(tmp_path):
     spec = write_spec(tmp_path, [FSDP2], steps=30, verify_checkpoint=False)
     out = tmp_path / "run"
@@ -185,10 +201,15 @@ def test_two_runs_into_one_folder_one_is_refused_and_the_other_is_whole(tmp_path
     assert tune.returncode == 2 and "holds a run store already" in flat(tune.stdout)
 
 
+@pytest.mark.slow
 def test_a_spec_the_plan_says_cannot_fit_is_refused_before_any_work(tmp_path):
-    spec = write_spec(tmp_path, [dict(name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="cpu",
-                                      offload_param="cpu")], model=dict(preset="gpt-70b"), precision="bf16",
-                      verify_checkpoint=False)
+    spec = write_spec(
+        tmp_path,
+        [dict(name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="cpu", offload_param="cpu")],
+        model=dict(preset="gpt-70b"),
+        precision="bf16",
+        verify_checkpoint=False,
+    )
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
     assert proc.returncode == 2, proc.stdout
     assert "the plan says no strategy of this spec fits this machine (z3 needs host RAM" in flat(proc.stdout)
@@ -196,12 +217,16 @@ def test_a_spec_the_plan_says_cannot_fit_is_refused_before_any_work(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "is empty: not an offloadlab run store"),
-    (b"this is not a database at all" * 200, "is not a readable SQLite database"),
-    (None, "another program's database"),
-    ("truncated", "database disk image is malformed"),
-], ids=["empty", "garbage", "foreign", "truncated"])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "is empty: not an offloadlab run store"),
+        (b"this is not a database at all" * 200, "is not a readable SQLite database"),
+        (None, "another program's database"),
+        ("truncated", "database disk image is malformed"),
+    ],
+    ids=["empty", "garbage", "foreign", "truncated"],
+)
 def test_broken_stores_give_one_line_and_are_not_written(tmp_path, world1, content, message):
     run_dir = tmp_path / "store"
     run_dir.mkdir()
@@ -242,15 +267,21 @@ def test_text_from_the_store_is_never_read_as_markup(tmp_path):
         assert literal in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_run_folder_with_glob_characters_verifies_and_is_printed_whole(tmp_path):
     """DeepSpeed globs the checkpoint path: a folder named '[x]' failed its restore check."""
     spec = write_spec(tmp_path, [STRATEGIES[0]], steps=2)
     out = tmp_path / "runs [x]"
     env_tmp = tmp_path / "tmp"
     env_tmp.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "offloadlab.cli", "run", str(spec), "--out", str(out)], cwd=REPO,
-                          env={**os.environ, "DS_ACCELERATOR": "cpu", "COLUMNS": "200", "TMPDIR": str(env_tmp)},
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "offloadlab.cli", "run", str(spec), "--out", str(out)],
+        cwd=REPO,
+        env={**os.environ, "DS_ACCELERATOR": "cpu", "COLUMNS": "200", "TMPDIR": str(env_tmp)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"run store: {out}" in flat(proc.stdout)
     store = RunStore(out)
@@ -260,6 +291,7 @@ def test_a_run_folder_with_glob_characters_verifies_and_is_printed_whole(tmp_pat
     assert sorted(p.name for p in out.iterdir()) == sorted([".offloadlab.lock", DB_NAME, "logs", "spec.toml"])
 
 
+@pytest.mark.slow
 def test_out_naming_a_file_is_a_clear_error(tmp_path):
     spec = write_spec(tmp_path, [FSDP2])
     (tmp_path / "afile").write_text("mine")
@@ -287,6 +319,7 @@ def test_without_cap_ipc_lock_root_is_held_to_ulimit_l(tmp_path, monkeypatch):
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, hard))
 
 
+@pytest.mark.slow
 def test_a_tune_stopped_mid_sweep_keeps_files_the_user_put_in_its_folder(tmp_path):
     """Ctrl-C used to remove the whole --out folder, files the user had put there during the tune with it."""
     out = tmp_path / "tune"
@@ -316,6 +349,7 @@ def _fill(path: Path) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_disk_that_fills_ends_the_run_with_a_clear_message(tmp_path):
     """A drive that filled during a run crashed the CLI with a raw 'database or disk is full', the next

@@ -22,15 +22,30 @@ def test_shipped_configs_load(path):
     "change, message",
     [
         (dict(stepz=3), "stepz: unknown key (did you mean 'steps'?)"),
-        (dict(strategy=[dict(name="a", engine="deepspeed", zero_stag=2)]), "strategy.0.zero_stag: unknown key (did you mean 'zero_stage'?)"),
-        (dict(strategy=[dict(name="a", engine="deepspeed", aio=dict(num_threads=4))]),
-         "strategy.0.aio.num_threads: unknown key (did you mean 'intra_op_parallelism'?)"),
-        (dict(strategy=[dict(name="a", engine="deepspeed", zero_stage=2, offload_param="cpu")]),
-         "offload_param = 'cpu' needs zero_stage = 3"),
-        (dict(strategy=[dict(name="a", engine="deepspeed", zero_stage=3, offload_optimizer="nvme")]),
-         "a strategy offloads to nvme: set nvme_path"),
-        (dict(strategy=[dict(name="a", engine="dsp")]), "does not match any of the expected tags: 'deepspeed', 'fsdp2'"),
-        (dict(strategy=[dict(name="a", engine="fsdp2"), dict(name="a", engine="fsdp2")]), "strategy names must be unique: a"),
+        (
+            dict(strategy=[dict(name="a", engine="deepspeed", zero_stag=2)]),
+            "strategy.0.zero_stag: unknown key (did you mean 'zero_stage'?)",
+        ),
+        (
+            dict(strategy=[dict(name="a", engine="deepspeed", aio=dict(num_threads=4))]),
+            "strategy.0.aio.num_threads: unknown key (did you mean 'intra_op_parallelism'?)",
+        ),
+        (
+            dict(strategy=[dict(name="a", engine="deepspeed", zero_stage=2, offload_param="cpu")]),
+            "offload_param = 'cpu' needs zero_stage = 3",
+        ),
+        (
+            dict(strategy=[dict(name="a", engine="deepspeed", zero_stage=3, offload_optimizer="nvme")]),
+            "a strategy offloads to nvme: set nvme_path",
+        ),
+        (
+            dict(strategy=[dict(name="a", engine="dsp")]),
+            "does not match any of the expected tags: 'deepspeed', 'fsdp2'",
+        ),
+        (
+            dict(strategy=[dict(name="a", engine="fsdp2"), dict(name="a", engine="fsdp2")]),
+            "strategy names must be unique: a",
+        ),
         (dict(precision="fp16"), "precision: Input should be 'fp32' or 'bf16'"),
         (dict(steps=0), "steps: Input should be greater than 0"),
         (dict(model=dict()), "set model.preset, model.hf_config, or all of"),
@@ -44,6 +59,7 @@ def test_bad_specs_are_rejected_with_the_key_named(change, message):
     assert message in str(err.value)
 
 
+@pytest.mark.slow
 def test_unknown_preset_lists_the_presets(tmp_path):
     spec = write_spec(tmp_path, [dict(name="a", engine="fsdp2")], model=dict(preset="gpt-9t"))
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
@@ -52,9 +68,13 @@ def test_unknown_preset_lists_the_presets(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_cli_reports_spec_errors_before_any_work(tmp_path):
-    spec = write_spec(tmp_path, [dict(name="a", engine="deepspeed", zero_stage=3, offload_optimizer="nvme")],
-                      nvme_path=str(tmp_path / "missing"))
+    spec = write_spec(
+        tmp_path,
+        [dict(name="a", engine="deepspeed", zero_stage=3, offload_optimizer="nvme")],
+        nvme_path=str(tmp_path / "missing"),
+    )
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
     assert proc.returncode == 2
     assert f"nvme_path {tmp_path / 'missing'} does not exist" in proc.stdout
@@ -62,5 +82,21 @@ def test_cli_reports_spec_errors_before_any_work(tmp_path):
 
 
 def test_missing_spec_file_names_the_examples(tmp_path):
-    with pytest.raises(SpecError, match="does not exist; shipped examples are in configs/"):
+    with pytest.raises(SpecError, match="does not exist; 'offloadlab init DIR' writes the shipped examples"):
         load_spec(Path(tmp_path / "nope.toml"))
+
+
+@pytest.mark.slow
+def test_init_writes_the_shipped_examples_and_never_overwrites(tmp_path):
+    """What the error above points at works outside the repo: the examples come from the installed package."""
+    folder = tmp_path / "examples"
+    proc = cli("init", str(folder), cwd=tmp_path)
+    written = sorted(p.name for p in folder.iterdir())
+    assert written == sorted(p.name for p in (REPO / "configs").glob("*.toml")), proc.stdout
+    for name in written:
+        assert (folder / name).read_text() == (REPO / "configs" / name).read_text()
+        assert load_spec(folder / name).strategy
+    (folder / "tiny_cpu.toml").write_text("# the user's own edits")
+    again = cli("init", str(folder), cwd=tmp_path, check=False)
+    assert again.returncode == 2 and "already holds" in again.stdout
+    assert (folder / "tiny_cpu.toml").read_text() == "# the user's own edits"

@@ -14,16 +14,23 @@ import psutil
 import pytest
 
 from conftest import cli, write_spec
-from offloadlab.telemetry.block_devices import read_diskstats, resolve_block_devices
-from offloadlab.results.summary import summarize
 from offloadlab.results.steps import CumulativeSeries
 from offloadlab.results.store import RunStore
+from offloadlab.results.summary import summarize
+from offloadlab.telemetry.block_devices import read_diskstats, resolve_block_devices
 from offloadlab.telemetry.sampler import GPU_FIELDS, NvmlReader, Sampler, SamplerProcess
 
 SWAPPING = [
     # small-cpu's matrices are over DeepSpeed's 1 MiB swap threshold, so they really go to the drive.
-    dict(name="zero3-nvme", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
-         buffer_count=8, buffer_size=2_000_000),
+    dict(
+        name="zero3-nvme",
+        engine="deepspeed",
+        zero_stage=3,
+        offload_optimizer="nvme",
+        offload_param="nvme",
+        buffer_count=8,
+        buffer_size=2_000_000,
+    ),
     dict(name="fsdp2-cpu-offload", engine="fsdp2", cpu_offload=True),
 ]
 
@@ -31,8 +38,15 @@ SWAPPING = [
 @pytest.fixture(scope="module")
 def swapping_run(tmp_path_factory, nvme_root) -> Path:
     folder = tmp_path_factory.mktemp("swapping")
-    spec = write_spec(folder, SWAPPING, nvme_path=str(nvme_root), model=dict(preset="small-cpu"), seq_len=64, steps=4,
-                      telemetry_hz=20)
+    spec = write_spec(
+        folder,
+        SWAPPING,
+        nvme_path=str(nvme_root),
+        model=dict(preset="small-cpu"),
+        seq_len=64,
+        steps=4,
+        telemetry_hz=20,
+    )
     cli("run", str(spec), "--out", str(folder / "run"))
     return folder / "run"
 
@@ -81,7 +95,14 @@ class FakeGpu:
     def read(self):
         time.sleep(0.02)
         self.reads += 1
-        full = {"util(%)": 50.0, "mem_used(B)": 2.0**30, "pcie_tx(B/s)": 5e9, "pcie_rx(B/s)": 6e9, "power(W)": 300.0, "temp(C)": 60.0}
+        full = {
+            "util(%)": 50.0,
+            "mem_used(B)": 2.0**30,
+            "pcie_tx(B/s)": 5e9,
+            "pcie_rx(B/s)": 6e9,
+            "power(W)": 300.0,
+            "temp(C)": 60.0,
+        }
         return [full, {**full, "pcie_tx(B/s)": None, "pcie_rx(B/s)": None}]
 
 
@@ -149,6 +170,7 @@ def test_report_has_a_chart_per_strategy_and_metric(swapping_run):
     assert "zero3-nvme" in page and "verified" in page
 
 
+@pytest.mark.slow
 def test_the_side_process_sampler_records_and_leaves_itself_out_of_the_rss(tmp_path):
     """What `offloadlab run` uses: the loop in a child process, stopped by closing its stdin."""
     strategy_id = _store_with_strategy(tmp_path)
@@ -165,6 +187,7 @@ def test_the_side_process_sampler_records_and_leaves_itself_out_of_the_rss(tmp_p
     assert len(store.events(strategy_id, "telemetry_note")) == 1
 
 
+@pytest.mark.slow
 def test_the_side_process_sampler_flushes_on_sigterm(tmp_path):
     """A run stopped with Ctrl-C sends SIGTERM to the job's process group, the sampler included."""
     strategy_id = _store_with_strategy(tmp_path)

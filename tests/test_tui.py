@@ -8,6 +8,7 @@ from run to run and a snapshot must not.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -19,15 +20,16 @@ import pytest
 from textual.widgets import DataTable, Sparkline, Static
 
 from conftest import cli, wait_for_worker
+from offloadlab.results.rundir import RunDir
+from offloadlab.results.store import DB_NAME, RunStore, StepRecord, TunePoint
 from offloadlab.results.summary import summarize
 from offloadlab.results.tables import human_bytes
-from offloadlab.results.rundir import RunDir
-from offloadlab.results.store import DB_NAME, RunStore, StepRecord
-from tui import processes
-from tui.app import OffloadlabApp
-from tui.reader import ReaderError, find_runs, read_run
-from tui.screens import DashboardScreen, RunsScreen, TuneScreen
-from tui.widgets import CompareTable, StrategyPanel, TuneHeatmap
+from offloadlab.spec import AioSettings
+from offloadlab_tui import processes
+from offloadlab_tui.app import make_app
+from offloadlab_tui.reader import ReaderError, find_runs, read_run
+from offloadlab_tui.screens import DashboardScreen, RunsScreen, TuneScreen
+from offloadlab_tui.widgets import CompareTable, StrategyPanel, TuneHeatmap
 
 SIZE = (80, 24)
 
@@ -97,7 +99,7 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
     ids = {r["name"]: r["id"] for r in store.strategies(store.run()["id"])}
 
     async def scenario():
-        app = OffloadlabApp(root=root, poll_s=0.2)
+        app = make_app(root=root, poll_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
             # Both stores are under root; the dashboard follows the newest run, not the tune.
             await wait_until(pilot, lambda: len(panels(app)) == 4)
@@ -107,7 +109,9 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
                 panel = panels(app)[name]
                 steps = [r.step_time_s for r in store.steps(ids[name], rank=0)]
                 assert panel.query_one("#m-step Sparkline", Sparkline).data == steps
-                assert f"step {summary.steps_done} of {summary.steps_planned}" in text_of(panel.query_one(".panel-title"))
+                assert f"step {summary.steps_done} of {summary.steps_planned}" in text_of(
+                    panel.query_one(".panel-title")
+                )
                 # No GPU here: the GPU cells say so rather than waiting for data.
                 assert text_of(panel.query_one("#m-gpu .metric-value")) == "no GPU"
                 assert cell(table, name, 2) == f"{summary.median_step_time_s:.3f}"
@@ -123,15 +127,15 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
 
 def test_keys_move_between_screens_and_open_a_run(root):
     async def scenario():
-        app = OffloadlabApp(root=root, poll_s=0.2)
+        app = make_app(root=root, poll_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
             await go(pilot, "t", TuneScreen)
             heatmap = app.screen.query_one(TuneHeatmap)
             await wait_until(pilot, lambda: heatmap.row_count > 0)
             tune = RunStore(root / "tune-quick")
-            best = next(r for r in tune.tune_points(tune.run()["id"]) if r["is_best"])
+            best = next(p for p in tune.tune_points(tune.run()["id"]) if p.is_best)
             cells = [str(c) for row in range(heatmap.row_count) for c in heatmap.get_row_at(row)]
-            assert any(c.strip().startswith(f"{best['score_gbps']:.2f}*") for c in cells), cells
+            assert any(c.strip().startswith(f"{best.score_gbps:.2f}*") for c in cells), cells
             threads, grid = app.screen.threads, [heatmap.get_row_at(r) for r in range(heatmap.row_count)]
             await pilot.press("right_square_bracket")
             assert app.screen.threads != threads  # another thread count's grid
@@ -155,7 +159,7 @@ def test_a_run_that_appears_while_open_is_picked_up(tmp_path, world1):
     root.mkdir()
 
     async def scenario():
-        app = OffloadlabApp(root=root, poll_s=0.2)
+        app = make_app(root=root, poll_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: "no runs under" in text_of(app.screen.query_one("#message")))
             copy_store(world1, root / "arrived")
@@ -175,7 +179,7 @@ def test_a_deleted_or_corrupt_store_gives_a_message_not_a_traceback(tmp_path, wo
     (corrupt / DB_NAME).write_bytes(b"this is not SQLite" * 100)
 
     async def scenario():
-        app = OffloadlabApp(root=tmp_path / "runs", run_dir=run_dir, poll_s=0.2)
+        app = make_app(root=tmp_path / "runs", run_dir=run_dir, poll_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: len(panels(app)) == 4)
             for path in run_dir.glob(f"{DB_NAME}*"):
@@ -195,17 +199,22 @@ def test_a_deleted_or_corrupt_store_gives_a_message_not_a_traceback(tmp_path, wo
         read_run(corrupt)
 
 
+@pytest.mark.slow
 def test_a_live_run_started_from_the_tui_shows_progress_and_failure_and_outlives_it(tmp_path, monkeypatch):
     from conftest import write_spec
 
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    spec = write_spec(tmp_path, [dict(name="victim", engine="fsdp2"), dict(name="survivor", engine="fsdp2")],
-                      steps=300, verify_checkpoint=False)
+    spec = write_spec(
+        tmp_path,
+        [dict(name="victim", engine="fsdp2"), dict(name="survivor", engine="fsdp2")],
+        steps=300,
+        verify_checkpoint=False,
+    )
     root = tmp_path / "runs"
     jobs: list[processes.Job] = []
 
     async def scenario():
-        app = OffloadlabApp(root=root, poll_s=0.2)
+        app = make_app(root=root, poll_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
             job = await start_job(pilot, app, "s", str(spec))
             jobs.append(job)
@@ -214,8 +223,13 @@ def test_a_live_run_started_from_the_tui_shows_progress_and_failure_and_outlives
             header = app.screen.query_one("#run-header")
             await wait_until(pilot, lambda: "now: victim step" in text_of(header))
             worker.send_signal(signal.SIGKILL)  # from another process: a failure, not an OOM
-            await wait_until(pilot, lambda: "victim" in panels(app)
-                             and "failed" in text_of(panels(app)["victim"].query_one(".panel-title")), 120)
+            await wait_until(
+                pilot,
+                lambda: (
+                    "victim" in panels(app) and "failed" in text_of(panels(app)["victim"].query_one(".panel-title"))
+                ),
+                120,
+            )
             assert "SIGKILL" in text_of(panels(app)["victim"].query_one(".panel-title"))
             await wait_until(pilot, lambda: "now: survivor step" in text_of(header), 120)
         # The TUI has closed; the run it started goes on.
@@ -236,18 +250,25 @@ def test_a_live_run_started_from_the_tui_shows_progress_and_failure_and_outlives
                 job.process.kill()
 
 
+@pytest.mark.slow
 def test_stop_from_the_runs_screen_ends_a_tune_and_it_cleans_up(tmp_path, nvme_root):
     root = tmp_path / "runs"
     drive = nvme_root / "tui-stop"
     drive.mkdir()
 
     async def scenario():
-        app = OffloadlabApp(root=root, poll_s=0.2)
+        app = make_app(root=root, poll_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
             job = await start_job(pilot, app, "a", str(drive))
             # Points reach the store as the sweep measures them.
-            await wait_until(pilot, lambda: any(e.kind == "tune" for e in find_runs(root))
-                             and RunStore(job.out_dir).conn.execute("SELECT COUNT(*) FROM tune_points").fetchone()[0] > 0, 120)
+            await wait_until(
+                pilot,
+                lambda: (
+                    any(e.kind == "tune" for e in find_runs(root))
+                    and RunStore(job.out_dir).conn.execute("SELECT COUNT(*) FROM tune_points").fetchone()[0] > 0
+                ),
+                120,
+            )
             await pilot.press("x")
             code = await asyncio.to_thread(job.process.wait, 120)
             assert code == 130
@@ -266,8 +287,11 @@ def _fixed_run(root: Path) -> None:
     store = RunStore(root / "demo", create_schema=True)
     run_id = store.add_run("demo", "")
     store.conn.execute("UPDATE runs SET created_at = ? WHERE id = ?", (T0, run_id))
-    specs = [("zero3-nvme", "deepspeed", "done", None), ("fsdp2-cpu-offload", "fsdp2", "does_not_fit",
-             "host RAM exhausted: the worker was killed (SIGKILL)"), ("fsdp2", "fsdp2", "running", None)]
+    specs = [
+        ("zero3-nvme", "deepspeed", "done", None),
+        ("fsdp2-cpu-offload", "fsdp2", "does_not_fit", "host RAM exhausted: the worker was killed (SIGKILL)"),
+        ("fsdp2", "fsdp2", "running", None),
+    ]
     for index, (name, engine, status, reason) in enumerate(specs):
         sid = store.add_strategy(run_id, name, engine, {}, steps_planned=8)
         store.set_strategy_status(sid, status, reason)
@@ -276,10 +300,30 @@ def _fixed_run(root: Path) -> None:
         for step in range(1, steps + 1):
             start = T0 + 10 * index + step
             duration = 0.5 + 0.1 * ((step * 7) % 5)
-            store.add_step(sid, 0, StepRecord(step, 5.0 - 0.1 * step, start, start + duration, 1000 / duration, None, None,
-                                              None, 300 << 20, 4 << 20, 6 << 20))
-        store.add_samples(sid, [(T0 + 10 * index + i / 2, "disk", "disk.write(B/s)", float((i * 37) % 11) * 1e6)
-                                for i in range(2 * steps)])
+            store.add_step(
+                sid,
+                0,
+                StepRecord(
+                    step,
+                    5.0 - 0.1 * step,
+                    start,
+                    start + duration,
+                    1000 / duration,
+                    None,
+                    None,
+                    None,
+                    300 << 20,
+                    4 << 20,
+                    6 << 20,
+                ),
+            )
+        store.add_samples(
+            sid,
+            [
+                (T0 + 10 * index + i / 2, "disk", "disk.write(B/s)", float((i * 37) % 11) * 1e6)
+                for i in range(2 * steps)
+            ],
+        )
         if status == "done":
             store.set_checkpoint_result(sid, True, "digests match")
 
@@ -289,18 +333,28 @@ def _fixed_tune(root: Path) -> None:
     store = RunStore(root / "tune-demo", create_schema=True)
     run_id = store.add_run("tune", "")
     store.conn.execute("UPDATE runs SET created_at = ? WHERE id = ?", (T0 - 3600, run_id))
-    rows = []
+    points = []
     for block in (256 << 10, 1 << 20, 8 << 20):
         for depth in (8, 32, 128):
             for threads in (1, 2):
                 read = 1.0 + 0.1 * (block.bit_length() - 18) + 0.002 * depth + 0.05 * threads
                 write = 1.5 + 0.05 * (block.bit_length() - 18) + 0.001 * depth
-                rows.append(dict(stage="coarse", block_size=block, queue_depth=depth, intra_op_parallelism=threads,
-                                 single_submit=0, overlap_events=1, read_gbps=read, read_spread=0.02, write_gbps=write,
-                                 write_spread=0.03, repeats=1, score_gbps=2 * read * write / (read + write), is_best=0,
-                                 is_deepspeed_default=int(block == 1 << 20 and depth == 8 and threads == 1)))
-    max(rows, key=lambda r: r["score_gbps"])["is_best"] = 1
-    store.upsert_tune_points(run_id, rows)
+                aio = AioSettings(block_size=block, queue_depth=depth, intra_op_parallelism=threads)
+                points.append(
+                    TunePoint(
+                        aio,
+                        "coarse",
+                        read,
+                        0.02,
+                        write,
+                        0.03,
+                        1,
+                        2 * read * write / (read + write),
+                        is_deepspeed_default=aio == AioSettings(),
+                    )
+                )
+    best = max(points, key=lambda p: p.score_gbps)
+    store.upsert_tune_points(run_id, [dataclasses.replace(p, is_best=p is best) for p in points])
     store.set_run_status(run_id, "done")
 
 
@@ -339,12 +393,12 @@ def _then(*keys: str):
 
 @pytest.mark.parametrize("keys", [(), ("t",), ("r",)], ids=["dashboard", "tune", "runs"])
 def test_snapshots_of_the_main_screens(fixed_root, snap_compare, keys):
-    app = OffloadlabApp(root=fixed_root, poll_s=0.2)
+    app = make_app(root=fixed_root, poll_s=0.2)
     assert snap_compare(app, terminal_size=SIZE, run_before=_then(*keys))
 
 
 def test_snapshot_of_the_dashboard_on_a_large_terminal(fixed_root, snap_compare):
-    app = OffloadlabApp(root=fixed_root, poll_s=0.2)
+    app = make_app(root=fixed_root, poll_s=0.2)
     assert snap_compare(app, terminal_size=(140, 48), run_before=_then())
 
 
@@ -360,7 +414,7 @@ def test_a_run_folder_removed_while_the_runs_are_listed_is_skipped(tmp_path, mon
     """Seen in CI: a stopped tune deletes its folder between find_runs' listing and its read."""
     import shutil
 
-    from tui import reader
+    from offloadlab_tui import reader
 
     vanishing = tmp_path / "tune-1"
     vanishing.mkdir()

@@ -11,15 +11,16 @@ import pytest
 from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
 
 from conftest import cli, start_cli, write_spec
-from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT, AioPoint, check_io_size
-from offloadlab.engines.deepspeed_engine import deepspeed_config
 from offloadlab.checks.host import PreflightError, check_aio_contexts, check_pinned_memory
-from offloadlab.spec import load_spec
-from offloadlab.tune.swap_buffers import max_params_in_window, plan_swap_buffers
+from offloadlab.engines.deepspeed_engine import deepspeed_config
+from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT, check_io_size
+from offloadlab.spec import AioSettings, load_spec
 from offloadlab.tune.search import WORK_PREFIX, Tuner, TuneSettings, mixed_score, neighbours
+from offloadlab.tune.swap_buffers import max_params_in_window, plan_swap_buffers
 
-NVME_STRATEGY = dict(name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme",
-                     buffer_size=1_000_000)
+NVME_STRATEGY = dict(
+    name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme", buffer_size=1_000_000
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +67,9 @@ def test_deepspeed_reads_the_emitted_json_as_chosen(tuned):
 def test_a_run_spec_including_the_fragment_hands_deepspeed_the_tuned_values(tuned, tmp_path):
     nvme, out, result = tuned
     strategy = {k: v for k, v in NVME_STRATEGY.items() if k != "buffer_size"}
-    spec_path = write_spec(tmp_path, [strategy | {"tuned": str(out / "tuned.toml"), "buffer_count": 7}],
-                           nvme_path=str(nvme))
+    spec_path = write_spec(
+        tmp_path, [strategy | {"tuned": str(out / "tuned.toml"), "buffer_count": 7}], nvme_path=str(nvme)
+    )
     spec = load_spec(spec_path)
     config = deepspeed_config(spec, spec.strategy[0], world_size=1, nvme_dir=nvme)
     parsed = get_aio_config(config)
@@ -85,7 +87,7 @@ def test_tune_results_are_in_the_run_store(tuned):
     store = RunStore(out)
     rows = store.tune_points(store.run()["id"])
     assert len(rows) == len(result["points"])
-    assert rows[0]["is_best"] == 1
+    assert rows[0].is_best
 
 
 def test_an_error_mid_sweep_removes_the_work_folder(tmp_path):
@@ -103,13 +105,16 @@ def test_an_error_mid_sweep_removes_the_work_folder(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_mid_sweep_removes_the_work_folder(tmp_path, sig):
     proc = start_cli("tune", "--nvme", str(tmp_path), "--out", str(tmp_path / "out"))
     deadline = time.time() + 120
     # Measured points reach the run store while the sweep goes on (the TUI's tune screen follows them).
     while not (list(tmp_path.glob(f"{WORK_PREFIX}*/aio-probe.bin")) and _tune_points_stored(tmp_path / "out")):
-        assert time.time() < deadline and proc.poll() is None, proc.stdout.read() if proc.poll() is not None else "timeout"
+        assert time.time() < deadline and proc.poll() is None, (
+            proc.stdout.read() if proc.poll() is not None else "timeout"
+        )
         time.sleep(0.05)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
@@ -129,6 +134,7 @@ def _tune_points_stored(out: Path) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_preflight_errors_before_any_io(tmp_path):
     proc = cli("tune", "--nvme", str(tmp_path / "missing"), "--quick", "--out", str(tmp_path / "out"), check=False)
     assert proc.returncode == 2 and "does not exist" in proc.stdout
@@ -141,29 +147,41 @@ def test_preflight_errors_before_any_io(tmp_path):
     proc_sys.mkdir()
     (proc_sys / "aio-max-nr").write_text("65536\n")
     (proc_sys / "aio-nr").write_text("65000\n")
-    with pytest.raises(PreflightError, match=r"536 aio events free, 4096 needed: raise it with 'sysctl -w fs.aio-max-nr="):
+    with pytest.raises(
+        PreflightError, match=r"536 aio events free, 4096 needed: raise it with 'sysctl -w fs.aio-max-nr="
+    ):
         check_aio_contexts(4096, proc_sys)
 
 
 def test_sizes_are_checked_before_the_handle_sees_them():
     with pytest.raises(ValueError, match="multiple of 4096 x intra_op_parallelism"):
-        check_io_size(3 * 4096, AioPoint(1 << 20, 8, 2, False, True))
+        check_io_size(3 * 4096, AioSettings(block_size=1 << 20, queue_depth=8, intra_op_parallelism=2))
 
 
 def test_objective_and_neighbourhood():
     # Half the bytes read at 1 GB/s, half written at 4 GB/s: 1.6 GB/s overall.
     assert mixed_score(1.0, 4.0, 0.5) == pytest.approx(1.6)
     near = neighbours(DEEPSPEED_DEFAULT, max_threads=8)
-    assert AioPoint(2 << 20, 8, 1, False, True) in near and AioPoint(1 << 20, 16, 1, False, True) in near
-    assert AioPoint(1 << 20, 8, 1, True, True) in near and AioPoint(1 << 20, 8, 1, False, False) in near
+    default = AioSettings()
+    assert default.with_(block_size=2 << 20) in near and default.with_(queue_depth=16) in near
+    assert default.with_(single_submit=True) in near and default.with_(overlap_events=False) in near
+    assert default.with_(intra_op_parallelism=2) in near and default.with_(block_size=512 << 10) in near
     assert all(p.intra_op_parallelism >= 1 for p in near)
 
 
 def test_swap_buffers_cover_the_largest_parameter_and_the_live_window(tmp_path):
     assert max_params_in_window([5, 5, 1, 20, 1, 1], capacity=11) == 3
     assert max_params_in_window([20], capacity=11) == 1
-    spec = load_spec(write_spec(tmp_path, [NVME_STRATEGY], nvme_path=str(tmp_path), model=dict(preset="gpt-1.4b"),
-                                precision="bf16", seq_len=1024))
+    spec = load_spec(
+        write_spec(
+            tmp_path,
+            [NVME_STRATEGY],
+            nvme_path=str(tmp_path),
+            model=dict(preset="gpt-1.4b"),
+            precision="bf16",
+            seq_len=1024,
+        )
+    )
     plan = plan_swap_buffers(spec, spec.strategy[0], intra_op_parallelism=1)
     assert plan.buffer_size >= 50304 * 2048  # the embedding
     assert plan.stage3_max_live_parameters < spec.strategy[0].stage3_max_live_parameters

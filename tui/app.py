@@ -1,14 +1,19 @@
-"""`offloadlab tui`: the Textual app. It reads run stores and starts jobs as separate processes."""
+"""`offloadlab tui`: the Textual app. It reads run stores and starts jobs as separate processes.
+
+Installed as the `offloadlab_tui` package with an `offloadlab-tui` entry point (`main`), which
+`offloadlab tui` calls: no folder in the user's current directory can stand in for it.
+"""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from textual.app import App
 
-from tui.processes import Job
-from tui.reader import find_runs
-from tui.screens import DashboardScreen, RunsScreen, TuneScreen
+from .processes import Job
+from .reader import find_runs
+from .screens import DashboardScreen, RunsScreen, TuneScreen
 
 
 class OffloadlabApp(App):
@@ -17,8 +22,12 @@ class OffloadlabApp(App):
     MODES = {"dashboard": DashboardScreen, "tune": TuneScreen, "runs": RunsScreen}
     # Set at startup, not switched to in on_mount: a key pressed while the app starts must not be undone.
     DEFAULT_MODE = "dashboard"
-    BINDINGS = [("d", "switch_mode('dashboard')", "Dashboard"), ("t", "switch_mode('tune')", "Tune"),
-                ("r", "switch_mode('runs')", "Runs"), ("q", "quit", "Quit")]
+    BINDINGS = [
+        ("d", "switch_mode('dashboard')", "Dashboard"),
+        ("t", "switch_mode('tune')", "Tune"),
+        ("r", "switch_mode('runs')", "Runs"),
+        ("q", "quit", "Quit"),
+    ]
 
     def __init__(self, root: Path = Path("runs"), run_dir: Path | None = None, poll_s: float = 1.0):
         super().__init__()
@@ -42,3 +51,19 @@ class OffloadlabApp(App):
             # An unreadable or missing store still opens: the dashboard says what is wrong with it.
             self.pinned_run = path
             self.switch_mode("dashboard")
+
+
+def make_app(root: Path = Path("runs"), run_dir: Path | None = None, poll_s: float = 1.0) -> OffloadlabApp:
+    """The app over the run stores under `root` (tests pass a folder of their own)."""
+    return OffloadlabApp(root=root, run_dir=run_dir, poll_s=poll_s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="offloadlab tui")
+    parser.add_argument(
+        "run_dir", nargs="?", type=Path, help="A run or tune directory (default: follow the newest under --root)"
+    )
+    parser.add_argument("--root", type=Path, default=Path("runs"), help="Where run directories live")
+    parser.add_argument("--poll", type=float, default=1.0, help="Seconds between reads of the run store")
+    args = parser.parse_args(argv)
+    make_app(root=args.root, run_dir=args.run_dir, poll_s=args.poll).run()

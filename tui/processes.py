@@ -44,9 +44,14 @@ def _start(kind: str, args: list[str], out_dir: Path) -> Job:
     log_path = out_dir.parent / f".{out_dir.name}.log"
     with log_path.open("w") as log:
         # -P: the current folder is not searched, so an `offloadlab/` folder there is never imported.
-        process = subprocess.Popen([sys.executable, "-P", "-m", "offloadlab.cli", kind, *args, "--out", str(out_dir)],
-                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, env={**os.environ, "COLUMNS": "150"})
+        process = subprocess.Popen(
+            [sys.executable, "-P", "-m", "offloadlab.cli", kind, *args, "--out", str(out_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "COLUMNS": "150"},
+        )
     return Job(kind, out_dir, log_path, process)
 
 

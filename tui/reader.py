@@ -13,8 +13,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from offloadlab.results.rundir import DB_NAME
+from offloadlab.results.status import Status
+from offloadlab.results.store import RunStore, StoreError, TunePoint
 from offloadlab.results.summary import StrategySummary, summarize
-from offloadlab.results.store import DB_NAME, RunStore, StoreError
 
 TUNE_RUN_NAME = "tune"
 
@@ -52,35 +54,19 @@ class StrategyView:
 class RunView:
     run_dir: Path
     name: str
-    status: str
+    status: Status
     created_at: float
     strategies: list[StrategyView]
 
     @property
     def current(self) -> StrategyView | None:
-        return next((s for s in self.strategies if s.summary.status == "running"), None)
-
-
-@dataclass(frozen=True)
-class TunePoint:
-    block_size: int
-    queue_depth: int
-    intra_op_parallelism: int
-    single_submit: bool
-    overlap_events: bool
-    read_gbps: float
-    write_gbps: float
-    score_gbps: float
-    repeats: int
-    stage: str
-    is_best: bool
-    is_deepspeed_default: bool
+        return next((s for s in self.strategies if s.summary.status is Status.RUNNING), None)
 
 
 @dataclass(frozen=True)
 class TuneView:
     run_dir: Path
-    status: str
+    status: Status
     created_at: float
     points: list[TunePoint]
     """Best score first."""
@@ -93,6 +79,7 @@ class RunEntry:
     kind: str
     """'run' or 'tune'."""
     status: str
+    """The run's Status, or why its store cannot be read."""
     created_at: float
     strategies_done: int
     strategies_total: int
@@ -129,7 +116,7 @@ def _summed_by_time(rows: list[tuple[float, str, float | None]]) -> list[float]:
 
 
 def _eta(summary: StrategySummary, step_times: list[float]) -> float | None:
-    if summary.status != "running" or not step_times:
+    if summary.status is not Status.RUNNING or not step_times:
         return None
     return statistics.median(step_times) * max(0, summary.steps_planned - summary.steps_done)
 
@@ -165,13 +152,7 @@ def read_run(run_dir: Path) -> RunView:
 def read_tune(run_dir: Path) -> TuneView:
     def read(store: RunStore) -> TuneView:
         run = store.run()
-        points = [TunePoint(
-            block_size=r["block_size"], queue_depth=r["queue_depth"], intra_op_parallelism=r["intra_op_parallelism"],
-            single_submit=bool(r["single_submit"]), overlap_events=bool(r["overlap_events"]), read_gbps=r["read_gbps"],
-            write_gbps=r["write_gbps"], score_gbps=r["score_gbps"], repeats=r["repeats"], stage=r["stage"],
-            is_best=bool(r["is_best"]), is_deepspeed_default=bool(r["is_deepspeed_default"]),
-        ) for r in store.tune_points(run["id"])]
-        return TuneView(Path(run_dir), store.run_status(), run["created_at"], points)
+        return TuneView(Path(run_dir), store.run_status(), run["created_at"], store.tune_points(run["id"]))
 
     return _read(run_dir, read)
 
@@ -180,7 +161,7 @@ def _entry(run_dir: Path) -> RunEntry | None:
     def read(store: RunStore) -> RunEntry:
         run = store.run()
         strategies = store.strategies(run["id"])
-        finished = sum(1 for s in strategies if s["status"] in ("done", "failed", "does_not_fit"))
+        finished = sum(1 for s in strategies if Status(s["status"]).finished)
         kind = "tune" if run["name"] == TUNE_RUN_NAME else "run"
         return RunEntry(run_dir, run["name"], kind, store.run_status(), run["created_at"], finished, len(strategies))
 

@@ -17,9 +17,9 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Input, Label, Static
 
-from tui import processes
-from tui.reader import ReaderError, RunView, TuneView, find_runs, latest, read_run, read_tune, when
-from tui.widgets import CompareTable, RunHeader, StrategyPanel, TuneHeatmap, top_points_table
+from . import processes
+from .reader import ReaderError, RunView, TuneView, find_runs, latest, read_run, read_tune, when
+from .widgets import CompareTable, RunHeader, StrategyPanel, TuneHeatmap, top_points_table
 
 
 class PollingScreen(Screen):
@@ -120,7 +120,10 @@ class DashboardScreen(PollingScreen):
 class TuneScreen(PollingScreen):
     """The aio sweep as a heatmap per thread count, with the leading points."""
 
-    BINDINGS = [("left_square_bracket", "threads(-1)", "fewer threads"), ("right_square_bracket", "threads(1)", "more threads")]
+    BINDINGS = [
+        ("left_square_bracket", "threads(-1)", "fewer threads"),
+        ("right_square_bracket", "threads(1)", "more threads"),
+    ]
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -148,19 +151,24 @@ class TuneScreen(PollingScreen):
         self._draw()
 
     def _thread_counts(self) -> list[int]:
-        return sorted({p.intra_op_parallelism for p in self.view.points}) if self.view else []
+        return sorted({p.aio.intra_op_parallelism for p in self.view.points}) if self.view else []
 
     def _draw(self) -> None:
         view, counts = self.view, self._thread_counts()
         if not counts:
-            self.query_one("#tune-title", Static).update(f"tune {view.run_dir.name}: {view.status}, no points measured yet")
+            self.query_one("#tune-title", Static).update(
+                f"tune {view.run_dir.name}: {view.status}, no points measured yet"
+            )
             return
         best = next((p for p in view.points if p.is_best), view.points[0])
         if self.threads not in counts:
-            self.threads = best.intra_op_parallelism
-        title = Text.assemble((f"tune {view.run_dir.name}", "bold"), f"  {view.status}  {len(view.points)} points  best ",
-                              (f"{best.score_gbps:.2f} GB/s", "bold green"),
-                              f" (read {best.read_gbps:.2f}, write {best.write_gbps:.2f})")
+            self.threads = best.aio.intra_op_parallelism
+        title = Text.assemble(
+            (f"tune {view.run_dir.name}", "bold"),
+            f"  {view.status}  {len(view.points)} points  best ",
+            (f"{best.score_gbps:.2f} GB/s", "bold green"),
+            f" (read {best.read_gbps:.2f}, write {best.write_gbps:.2f})",
+        )
         self.query_one("#tune-title", Static).update(title)
         chips = Text("threads: ")
         for t in counts:
@@ -202,8 +210,12 @@ class PromptScreen(ModalScreen[str | None]):
 class RunsScreen(PollingScreen):
     """Past and running run directories under the root; open one, or start and stop jobs."""
 
-    BINDINGS = [("enter", "open", "Open"), ("s", "start_run", "Start run"), ("a", "start_tune", "Start tune"),
-                ("x", "stop", "Stop job")]
+    BINDINGS = [
+        ("enter", "open", "Open"),
+        ("s", "start_run", "Start run"),
+        ("a", "start_tune", "Start tune"),
+        ("x", "stop", "Stop job"),
+    ]
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -228,14 +240,17 @@ class RunsScreen(PollingScreen):
         table.clear()
         for e in entries:
             strategies = f"{e.strategies_done}/{e.strategies_total}" if e.kind == "run" else "-"
-            table.add_row(e.path.name or str(e.path), e.kind, e.status, strategies, when(e.created_at), key=str(e.path))
+            table.add_row(
+                e.path.name or str(e.path), e.kind, e.status, strategies, when(e.created_at), key=str(e.path)
+            )
         if entries:
             table.move_cursor(row=min(selected, len(entries) - 1))
         else:
             self.say(self.nothing_yet())
         jobs = self.app.jobs
         self.query_one("#jobs", Static).update(
-            "jobs started here:\n" + "\n".join(j.describe() for j in jobs) if jobs else "no jobs started from this TUI")
+            "jobs started here:\n" + "\n".join(j.describe() for j in jobs) if jobs else "no jobs started from this TUI"
+        )
 
     def action_open(self) -> None:
         table = self.query_one("#runs", DataTable)
@@ -251,7 +266,10 @@ class RunsScreen(PollingScreen):
             if spec:
                 self._start(lambda: processes.start_run(Path(spec), self.app.root))
 
-        self.app.push_screen(PromptScreen("Spec to run (TOML):", "configs/tiny_cpu.toml"), start)
+        self.app.push_screen(
+            PromptScreen("Spec to run (TOML; `offloadlab init configs` writes examples):", "configs/tiny_cpu.toml"),
+            start,
+        )
 
     def action_start_tune(self) -> None:
         def start(nvme: str | None) -> None:

@@ -8,11 +8,12 @@ from textual.containers import Grid, Vertical
 from textual.reactive import reactive
 from textual.widgets import DataTable, Label, Sparkline, Static
 
+from offloadlab.results.status import Status
+from offloadlab.results.store import TunePoint
 from offloadlab.results.summary import StrategySummary
 from offloadlab.results.tables import human_bytes
-from tui.reader import RunView, StrategyView, TunePoint, TuneView
 
-STATUS_STYLE = {"done": "green", "does_not_fit": "yellow", "failed": "red", "running": "cyan", "pending": "dim"}
+from .reader import RunView, StrategyView, TuneView
 
 
 def _rate(bytes_per_s: float) -> str:
@@ -20,10 +21,10 @@ def _rate(bytes_per_s: float) -> str:
 
 
 def status_text(summary: StrategySummary, with_reason: bool = True) -> Text:
-    status = summary.status.replace("_", " ")
-    if with_reason and summary.reason and summary.status in ("does_not_fit", "failed"):
+    status = summary.status.label
+    if with_reason and summary.reason and summary.status in (Status.DOES_NOT_FIT, Status.FAILED):
         status += f": {summary.reason}"
-    return Text(status, style=STATUS_STYLE.get(summary.status, ""))
+    return Text(status, style=summary.status.style)
 
 
 class MetricSpark(Vertical):
@@ -51,8 +52,15 @@ class StrategyPanel(Vertical):
 
     view: reactive[StrategyView | None] = reactive(None, always_update=True, init=False)
 
-    METRICS = (("step", "step time"), ("tps", "tokens/s"), ("gpu", "GPU memory"), ("tx", "PCIe TX"),
-               ("rx", "PCIe RX"), ("read", "disk read"), ("write", "disk write"))
+    METRICS = (
+        ("step", "step time"),
+        ("tps", "tokens/s"),
+        ("gpu", "GPU memory"),
+        ("tx", "PCIe TX"),
+        ("rx", "PCIe RX"),
+        ("read", "disk read"),
+        ("write", "disk write"),
+    )
 
     def __init__(self, strategy_name: str, **kwargs):
         super().__init__(**kwargs)
@@ -72,8 +80,8 @@ class StrategyPanel(Vertical):
             progress += f", ETA {view.eta_s:.0f} s"
         title = Text.assemble((s.name, "bold"), f"  {s.engine}  ", status_text(s), f"  {progress}")
         self.heading.update(title)
-        self.set_class(s.status == "running", "-running")
-        self.set_class(s.status in ("does_not_fit", "failed"), "-failed")
+        self.set_class(s.status is Status.RUNNING, "-running")
+        self.set_class(s.status in (Status.DOES_NOT_FIT, Status.FAILED), "-failed")
         no_gpu = "no GPU" if view.gpu_absent else "no data yet"
 
         def spark(key: str, values: list[float], fmt, absent: str = "no data yet") -> None:
@@ -93,10 +101,14 @@ class RunHeader(Static):
     """The run's name and state, and what runs now."""
 
     def show(self, view: RunView) -> None:
-        done = sum(1 for s in view.strategies if s.summary.status in ("done", "failed", "does_not_fit"))
+        done = sum(1 for s in view.strategies if s.summary.status.finished)
         folder = "" if view.run_dir.name == view.name else f"  {view.run_dir.name}"
-        text = Text.assemble((view.name, "bold"), f"{folder}  ", (view.status, "cyan" if view.status == "running" else ""),
-                             f"  {done}/{len(view.strategies)} strategies finished")
+        text = Text.assemble(
+            (view.name, "bold"),
+            f"{folder}  ",
+            (view.status, "cyan" if view.status is Status.RUNNING else ""),
+            f"  {done}/{len(view.strategies)} strategies finished",
+        )
         current = view.current
         if current:
             s = current.summary
@@ -108,7 +120,19 @@ class RunHeader(Static):
 class CompareTable(DataTable):
     """The strategies side by side; a row fills in when its strategy finishes."""
 
-    COLUMNS = ("strategy", "status", "step (s)", "tokens/s", "MFU", "GPU peak", "host RSS", "NVMe r/w per step", "GPU idle", "comm/step", "ckpt")
+    COLUMNS = (
+        "strategy",
+        "status",
+        "step (s)",
+        "tokens/s",
+        "MFU",
+        "GPU peak",
+        "host RSS",
+        "NVMe r/w per step",
+        "GPU idle",
+        "comm/step",
+        "ckpt",
+    )
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -118,18 +142,28 @@ class CompareTable(DataTable):
         self.clear()
         for sv in view.strategies:
             s = sv.summary
-            finished = s.status in ("done", "failed", "does_not_fit")
-            fmt = (lambda v, f: "-" if v is None or not finished else f.format(v))  # noqa: E731
+            finished = s.status.finished
+            fmt = lambda v, f: "-" if v is None or not finished else f.format(v)  # noqa: E731
             idle = None if s.gpu_idle_share is None else 100 * s.gpu_idle_share
-            ckpt = {True: Text("verified", "green"), False: Text("FAILED", "red"), None: Text("-")}[s.checkpoint_verified]
+            ckpt = {True: Text("verified", "green"), False: Text("FAILED", "red"), None: Text("-")}[
+                s.checkpoint_verified
+            ]
             self.add_row(
                 # The reason is in the strategy's panel; the table keeps to one short word.
-                s.name, status_text(s, with_reason=False), fmt(s.median_step_time_s, "{:.3f}"), fmt(s.tokens_per_s, "{:,.0f}"),
+                s.name,
+                status_text(s, with_reason=False),
+                fmt(s.median_step_time_s, "{:.3f}"),
+                fmt(s.tokens_per_s, "{:,.0f}"),
                 fmt(s.mfu_percent, "{:.1f}%"),
                 human_bytes(s.peak_allocated_bytes) if finished else "-",
                 human_bytes(s.host_rss_peak_bytes) if finished else "-",
-                f"{human_bytes(s.disk_read_bytes_per_step)} / {human_bytes(s.disk_write_bytes_per_step)}" if finished else "-",
-                fmt(idle, "{:.0f}%"), human_bytes(s.comm_bytes_per_step) if finished else "-", ckpt, key=s.name,
+                f"{human_bytes(s.disk_read_bytes_per_step)} / {human_bytes(s.disk_write_bytes_per_step)}"
+                if finished
+                else "-",
+                fmt(idle, "{:.0f}%"),
+                human_bytes(s.comm_bytes_per_step) if finished else "-",
+                ckpt,
+                key=s.name,
             )
 
 
@@ -146,11 +180,11 @@ class TuneHeatmap(DataTable):
 
     def show(self, view: TuneView, threads: int) -> None:
         self.clear(columns=True)
-        points = [p for p in view.points if p.intra_op_parallelism == threads]
+        points = [p for p in view.points if p.aio.intra_op_parallelism == threads]
         if not points:
             return
-        depths = sorted({p.queue_depth for p in points})
-        blocks = sorted({p.block_size for p in points})
+        depths = sorted({p.aio.queue_depth for p in points})
+        blocks = sorted({p.aio.block_size for p in points})
         top = max(p.score_gbps for p in view.points)
         low = min(p.score_gbps for p in view.points)
         self.add_columns("block \\ depth", *(str(d) for d in depths))
@@ -158,7 +192,7 @@ class TuneHeatmap(DataTable):
         for block in blocks:
             cells: list[Text | str] = [_size(block)]
             for depth in depths:
-                here = [p for p in points if p.block_size == block and p.queue_depth == depth]
+                here = [p for p in points if p.aio.block_size == block and p.aio.queue_depth == depth]
                 if not here:
                     cells.append("")
                     continue
@@ -179,8 +213,16 @@ def top_points_table(table: DataTable, view: TuneView, count: int = 8) -> None:
     table.clear(columns=True)
     table.add_columns("setting", "read GB/s", "write GB/s", "score", "n", "stage")
     for p in view.points[:count]:
-        label = (f"bs={_size(p.block_size)} qd={p.queue_depth} t={p.intra_op_parallelism} "
-                 f"ss={int(p.single_submit)} ov={int(p.overlap_events)}")
+        label = (
+            f"bs={_size(p.aio.block_size)} qd={p.aio.queue_depth} t={p.aio.intra_op_parallelism} "
+            f"ss={int(p.aio.single_submit)} ov={int(p.aio.overlap_events)}"
+        )
         style = "bold green" if p.is_best else ("cyan" if p.is_deepspeed_default else "")
-        table.add_row(Text(label, style), f"{p.read_gbps:.2f}", f"{p.write_gbps:.2f}", f"{p.score_gbps:.2f}",
-                      str(p.repeats), p.stage)
+        table.add_row(
+            Text(label, style),
+            f"{p.read_gbps:.2f}",
+            f"{p.write_gbps:.2f}",
+            f"{p.score_gbps:.2f}",
+            str(p.repeats),
+            p.stage,
+        )

@@ -43,8 +43,12 @@ def versions() -> list[Finding]:
     found = [
         Finding("python", f"{platform.python_version()} ({platform.machine()})"),
         Finding("torch", f"{torch.__version__} ({cuda}; GPU available: {torch.cuda.is_available()})"),
-        Finding("deepspeed", _package("deepspeed"), _package("deepspeed") != "not installed",
-                "install it after torch: pip install --no-build-isolation deepspeed==0.19.8"),
+        Finding(
+            "deepspeed",
+            _package("deepspeed"),
+            _package("deepspeed") != "not installed",
+            "install it after torch: pip install --no-build-isolation deepspeed==0.19.8",
+        ),
     ]
     return found + [Finding(name, _package(name)) for name in ("transformers", "textual", "nvidia-ml-py")]
 
@@ -60,8 +64,14 @@ def op_findings(build: bool, announce=None) -> list[Finding]:
                 found.append(Finding(f"op {name}", "not used on this accelerator"))
                 continue
             if not build and not ops.is_built(name):
-                found.append(Finding(f"op {name}", "not built", False,
-                                     "run 'offloadlab doctor --build' (make setup does): it builds once, minutes"))
+                found.append(
+                    Finding(
+                        f"op {name}",
+                        "not built",
+                        False,
+                        "run 'offloadlab doctor --build' (make setup does): it builds once, minutes",
+                    )
+                )
                 continue
             start = time.perf_counter()
             ops.load_op(name, announce)
@@ -91,8 +101,9 @@ def aio_event_headroom() -> Finding:
     used, limit = events
     # The tuner's largest point and a ZeRO-3 NVMe run's handles each reserve a few thousand events.
     free = limit - used
-    return Finding("fs.aio-max-nr", f"{free:,} of {limit:,} events free", free >= 4096,
-                   f"sysctl -w fs.aio-max-nr={limit * 2}")
+    return Finding(
+        "fs.aio-max-nr", f"{free:,} of {limit:,} events free", free >= 4096, f"sysctl -w fs.aio-max-nr={limit * 2}"
+    )
 
 
 def pinned_memory() -> list[Finding]:
@@ -103,10 +114,17 @@ def pinned_memory() -> list[Finding]:
         why = "CAP_IPC_LOCK" if has_cap_ipc_lock() else "unlimited"
         memlock = Finding("ulimit -l", f"no limit ({why})", True)
     else:
-        memlock = Finding("ulimit -l", f"{limit // 1024:,} KiB", limit >= GiB,
-                          "ulimit -l unlimited (or memlock in /etc/security/limits.conf; Docker: --ulimit memlock=-1)")
+        memlock = Finding(
+            "ulimit -l",
+            f"{limit // 1024:,} KiB",
+            limit >= GiB,
+            "ulimit -l unlimited (or memlock in /etc/security/limits.conf; Docker: --ulimit memlock=-1)",
+        )
     budget = pinned_memory_budget_bytes()
-    return [memlock, Finding("pinned-memory budget", f"{budget / GiB:.1f} GiB (80% of available RAM, within ulimit -l)")]
+    return [
+        memlock,
+        Finding("pinned-memory budget", f"{budget / GiB:.1f} GiB (80% of available RAM, within ulimit -l)"),
+    ]
 
 
 def gpus() -> list[Finding]:
@@ -119,8 +137,12 @@ def gpus() -> list[Finding]:
     found = [Finding("NVIDIA driver", nv.nvmlSystemGetDriverVersion())]
     for index, handle in enumerate(reader.handles):
         memory = nv.nvmlDeviceGetMemoryInfo(handle)
-        found.append(Finding(f"GPU {index}", f"{nv.nvmlDeviceGetName(handle)}, {memory.total / GiB:.1f} GiB "
-                                             f"({memory.free / GiB:.1f} free)"))
+        found.append(
+            Finding(
+                f"GPU {index}",
+                f"{nv.nvmlDeviceGetName(handle)}, {memory.total / GiB:.1f} GiB ({memory.free / GiB:.1f} free)",
+            )
+        )
     return found
 
 
@@ -146,8 +168,15 @@ def host_and_disk(nvme_path: Path | None) -> list[Finding]:
 
 
 def diagnose(nvme_path: Path | None, build: bool, announce=None) -> list[Finding]:
-    return [*versions(), *op_findings(build, announce), libaio(), aio_event_headroom(), *pinned_memory(), *gpus(),
-            *host_and_disk(nvme_path)]
+    return [
+        *versions(),
+        *op_findings(build, announce),
+        libaio(),
+        aio_event_headroom(),
+        *pinned_memory(),
+        *gpus(),
+        *host_and_disk(nvme_path),
+    ]
 
 
 def as_json(findings: list[Finding]) -> list[dict]:

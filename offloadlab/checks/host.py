@@ -15,6 +15,8 @@ from offloadlab.spec import SpecError
 
 # DeepSpeed's O_DIRECT transfers are aligned to this (AIO_ALIGNED_BYTES in swap_tensor/utils.py).
 DIRECT_IO_ALIGNMENT = 4096
+
+
 class PreflightError(SpecError):
     """The machine or a path cannot do what was asked; the message says how to fix it."""
 
@@ -36,7 +38,9 @@ def check_directory(path: Path, role: str) -> None:
     if not path.is_dir():
         raise PreflightError(f"{role} {path} is not a directory")
     if not os.access(path, os.W_OK | os.X_OK):
-        raise PreflightError(f"{role} {path} is not writable by this user: choose a folder you own, or fix its permissions")
+        raise PreflightError(
+            f"{role} {path} is not writable by this user: choose a folder you own, or fix its permissions"
+        )
 
 
 def check_direct_io(path: Path, role: str) -> None:
@@ -58,7 +62,8 @@ def check_direct_io(path: Path, role: str) -> None:
             os.close(fd)
     except OSError as err:
         raise PreflightError(
-            f"{role} {path} ({fstype}) does not support O_DIRECT ({err.strerror}): use a folder on a local ext4/xfs NVMe drive"
+            f"{role} {path} ({fstype}) does not support O_DIRECT ({err.strerror}): "
+            "use a folder on a local ext4/xfs NVMe drive"
         ) from None
     finally:
         probe.unlink(missing_ok=True)
@@ -68,7 +73,8 @@ def check_free_disk(path: Path, needed_bytes: int, role: str) -> None:
     free = shutil.disk_usage(path).free
     if free < needed_bytes:
         raise PreflightError(
-            f"{role} {path} has {free / 2**30:.1f} GiB free, {needed_bytes / 2**30:.1f} GiB needed: free space or use a larger drive"
+            f"{role} {path} has {free / 2**30:.1f} GiB free, {needed_bytes / 2**30:.1f} GiB needed: "
+            "free space or use a larger drive"
         )
 
 
@@ -107,7 +113,8 @@ def check_pinned_memory(pinned_bytes: int) -> None:
     available = psutil.virtual_memory().available
     if pinned_bytes > 0.8 * available:
         raise PreflightError(
-            f"{pinned_bytes / 2**30:.1f} GiB of pinned buffers asked for, {available / 2**30:.1f} GiB of RAM available: "
+            f"{pinned_bytes / 2**30:.1f} GiB of pinned buffers asked for, "
+            f"{available / 2**30:.1f} GiB of RAM available: "
             "lower buffer_count/buffer_size (or io size) or free memory"
         )
     soft = memlock_limit_bytes()

@@ -1,25 +1,33 @@
-"""Engine adapters: `build_engine` is the one place a strategy becomes a running engine."""
+"""The engine adapters: DeepSpeed and FSDP2 behind one `Engine` interface, and DeepSpeed's compiled ops.
+`engine_class` is the one place a strategy type meets its engine; nothing outside this package asks which
+engine a strategy uses, it asks the engine (`Engine`'s class methods)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from offloadlab.engines.base import DistContext, Engine
-from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, RunSpec
+from offloadlab.engines.base import Engine
+from offloadlab.engines.dist import DistContext
+from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, RunSpec, Strategy
 
 
-def build_engine(spec: RunSpec, strategy: DeepSpeedStrategy | FSDP2Strategy, ctx: DistContext, nvme_dir: Path | None) -> Engine:
+def engine_class(strategy: Strategy) -> type[Engine]:
+    """The engine a strategy runs on: the one place a strategy type is matched to its engine."""
     match strategy:
         case DeepSpeedStrategy():
-            from offloadlab.engines.deepspeed_engine import build_deepspeed
+            from offloadlab.engines.deepspeed_engine import DeepSpeedEngine
 
-            return build_deepspeed(spec, strategy, ctx, nvme_dir)
+            return DeepSpeedEngine
         case FSDP2Strategy():
-            from offloadlab.engines.fsdp2_engine import build_fsdp2
+            from offloadlab.engines.fsdp2_engine import FSDP2Engine
 
-            return build_fsdp2(spec, strategy, ctx)
+            return FSDP2Engine
         case _:
             raise ValueError(f"unknown strategy type {type(strategy).__name__}")
 
 
-__all__ = ["DistContext", "Engine", "build_engine"]
+def build_engine(spec: RunSpec, strategy: Strategy, ctx: DistContext, nvme_dir: Path | None) -> Engine:
+    return engine_class(strategy).build(spec, strategy, ctx, nvme_dir)
+
+
+__all__ = ["DistContext", "Engine", "build_engine", "engine_class"]

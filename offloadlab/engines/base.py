@@ -1,48 +1,22 @@
-"""The one interface both engine adapters implement, and what they share: the process group, the loss,
-phase timing and state digests."""
+"""The one interface both engine adapters implement: training, checkpoints and digests (on a built engine),
+and what the parent process asks of an engine before any is built (capabilities, on the class)."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from offloadlab.workload.data import Batch
+from offloadlab.engines.dist import DistContext
+from offloadlab.results.status import Status
 from offloadlab.telemetry.probes import DeviceMemory, device_memory
-
-
-@dataclass(frozen=True)
-class DistContext:
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-
-    @classmethod
-    def from_env(cls) -> "DistContext":
-        """Read torchrun's variables; pick this rank's GPU, or the CPU where there is none."""
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        if torch.cuda.is_available():
-            torch.cuda.set_device(local_rank)
-            device = torch.device("cuda", local_rank)
-        else:
-            device = torch.device("cpu")
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), local_rank, device)
-
-    @property
-    def backend(self) -> str:
-        # CPU-offloaded FSDP2 gradients are clipped on the CPU, so a GPU run needs gloo beside NCCL.
-        return "cuda:nccl,cpu:gloo" if self.device.type == "cuda" else "gloo"
+from offloadlab.workload.data import Batch
 
 
 @dataclass
@@ -64,61 +38,33 @@ class PhaseTimer:
         return spans
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
-
-
-def global_mean(value: float, ctx: DistContext) -> float:
-    """The mean over ranks of a per-rank scalar (gloo has no AVG, so sum and divide)."""
-    if ctx.world_size == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t)
-    return t.item() / ctx.world_size
-
-
-DIGEST_CHUNK_BYTES = 16 << 20
-
-
-def tensor_digest(tensor: torch.Tensor, after_chunk: Callable[[np.ndarray], None] | None = None) -> str:
-    """sha256 of dtype, shape and bytes, fed in chunks; `after_chunk` sees each chunk once it is hashed
-    (a mapped file's pages can be dropped there, so a flat group of GBs is never resident at once)."""
-    t = tensor.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
-    data = t.numpy().reshape(-1).view(np.uint8)  # the buffer itself: tobytes() would copy it
-    for start in range(0, data.size, DIGEST_CHUNK_BYTES):
-        chunk = data[start:start + DIGEST_CHUNK_BYTES]
-        h.update(chunk)
-        if after_chunk is not None:
-            after_chunk(chunk)
-    return h.hexdigest()[:16]
-
-
-def digest_tree(obj, prefix: str, out: dict[str, str],
-                digest: Callable[[torch.Tensor], str] = tensor_digest) -> dict[str, str]:
-    """Flatten nested state into {path: digest}; tensors by content (through `digest`, one at a time, so
-    an engine can gather or page in each tensor only while it is hashed), other leaves by value."""
-    if isinstance(obj, torch.Tensor):
-        out[prefix] = digest(obj)
-    elif isinstance(obj, dict):
-        for key in sorted(obj, key=str):
-            digest_tree(obj[key], f"{prefix}/{key}", out, digest)
-    elif isinstance(obj, (list, tuple)):
-        for i, item in enumerate(obj):
-            digest_tree(item, f"{prefix}/{i}", out, digest)
-    elif isinstance(obj, (int, float, str, bool, type(None))):
-        out[prefix] = repr(obj)
-    elif hasattr(obj, "__dict__"):
-        digest_tree(vars(obj), f"{prefix}/{type(obj).__name__}", out, digest)
-    else:
-        out[prefix] = repr(obj)
-    return out
-
-
 class Engine(ABC):
-    """A built, ready-to-train strategy. All methods are collective: every rank calls them."""
+    """A built, ready-to-train strategy. Its methods are collective: every rank calls them. Its class
+    methods answer what the parent process asks before any engine is built."""
+
+    restores_at_other_world_size: ClassVar[bool] = False
+    """Whether a checkpoint saved by N ranks loads into another number of ranks as it is."""
+
+    @classmethod
+    @abstractmethod
+    def build(cls, spec, strategy, ctx: DistContext, nvme_dir: Path | None) -> "Engine":
+        """Build the strategy's engine on this rank (collective)."""
+
+    @classmethod
+    @abstractmethod
+    def checkpoint_bytes(cls, strategy, n_params: int, param_bytes: int) -> int:
+        """Run-folder bytes at the peak of a strategy's checkpoint save and restore check."""
+
+    @classmethod
+    def swap_bytes(cls, strategy, n_params: int, param_bytes: int) -> int:
+        """Bytes a strategy keeps in its NVMe swap folder, all ranks of one host."""
+        return 0
+
+    @classmethod
+    def failure_reason(cls, exc: BaseException) -> tuple[Status, str] | None:
+        """How the engine reads one of its own errors (its messages), or None when it says nothing more
+        than the error's type (out of memory, disk full: see train.worker.classify_failure)."""
+        return None
 
     def __init__(self, ctx: DistContext):
         self.ctx = ctx

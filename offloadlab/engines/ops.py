@@ -32,11 +32,19 @@ from offloadlab.checks.host import PreflightError
 
 # Each op's DeepSpeed builder class. An accelerator may lack one (the shared-memory collectives exist
 # on the CPU accelerator only, where every DeepSpeed process group loads them): there it is not needed.
-BUILDERS = {"cpu_adam": "CPUAdamBuilder", "fused_adam": "FusedAdamBuilder", "async_io": "AsyncIOBuilder",
-            "deepspeed_shm_comm": "ShareMemCommBuilder"}
+BUILDERS = {
+    "cpu_adam": "CPUAdamBuilder",
+    "fused_adam": "FusedAdamBuilder",
+    "async_io": "AsyncIOBuilder",
+    "deepspeed_shm_comm": "ShareMemCommBuilder",
+}
 OPS = tuple(BUILDERS)
-BUILD_TIME = {"cpu_adam": "about a minute", "fused_adam": "about a minute", "async_io": "a few minutes",
-              "deepspeed_shm_comm": "under a minute"}
+BUILD_TIME = {
+    "cpu_adam": "about a minute",
+    "fused_adam": "about a minute",
+    "async_io": "a few minutes",
+    "deepspeed_shm_comm": "under a minute",
+}
 LOCK_FILE = "offloadlab-build.lock"
 
 
@@ -53,6 +61,7 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
 
 # What to show while an op builds; called with the op's name only when a build is about to start.
 Announce = Callable[[str], ContextManager]

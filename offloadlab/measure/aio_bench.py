@@ -16,35 +16,10 @@ from pathlib import Path
 import torch
 
 from offloadlab.checks.host import DIRECT_IO_ALIGNMENT as ALIGNMENT
-
-
-
-@dataclass(frozen=True, order=True)
-class AioPoint:
-    """One setting of DeepSpeed's `aio` section, under the keys DeepSpeed 0.19.8 reads."""
-
-    block_size: int
-    queue_depth: int
-    intra_op_parallelism: int
-    single_submit: bool
-    overlap_events: bool
-
-    def as_config(self) -> dict:
-        return {
-            "block_size": self.block_size,
-            "queue_depth": self.queue_depth,
-            "intra_op_parallelism": self.intra_op_parallelism,
-            "single_submit": self.single_submit,
-            "overlap_events": self.overlap_events,
-        }
-
-    def label(self) -> str:
-        return (f"bs={self.block_size // 1024}K qd={self.queue_depth} t={self.intra_op_parallelism} "
-                f"ss={int(self.single_submit)} ov={int(self.overlap_events)}")
-
+from offloadlab.spec import AioSettings
 
 # DeepSpeed 0.19.8's defaults (runtime/swap_tensor/constants.py): what a user gets without tuning.
-DEEPSPEED_DEFAULT = AioPoint(block_size=1 << 20, queue_depth=8, intra_op_parallelism=1, single_submit=False, overlap_events=True)
+DEEPSPEED_DEFAULT = AioSettings()
 
 
 @dataclass(frozen=True)
@@ -53,7 +28,7 @@ class Throughput:
     write_gbps: float
 
 
-def check_io_size(io_size: int, point: AioPoint) -> None:
+def check_io_size(io_size: int, point: AioSettings) -> None:
     if io_size <= 0 or io_size % (ALIGNMENT * point.intra_op_parallelism):
         raise ValueError(
             f"io_size {io_size} must be a positive multiple of {ALIGNMENT} x intra_op_parallelism "
@@ -61,7 +36,7 @@ def check_io_size(io_size: int, point: AioPoint) -> None:
         )
 
 
-def _handle(point: AioPoint):
+def _handle(point: AioSettings):
     from offloadlab.engines.ops import load_op
 
     return load_op("async_io").aio_handle(
@@ -90,7 +65,7 @@ class AioBench:
         self._pin_handle.free_cpu_locked_tensor(self.buffer)
         self.path.unlink(missing_ok=True)
 
-    def measure(self, point: AioPoint) -> Throughput:
+    def measure(self, point: AioSettings) -> Throughput:
         check_io_size(self.io_size, point)
         handle = _handle(point)
         start = time.perf_counter()
@@ -98,7 +73,9 @@ class AioBench:
         written = time.perf_counter() - start
         size = self.path.stat().st_size
         if size < self.io_size:
-            raise RuntimeError(f"{self.path} holds {size} bytes after writing {self.io_size}: the drive is full or failing")
+            raise RuntimeError(
+                f"{self.path} holds {size} bytes after writing {self.io_size}: the drive is full or failing"
+            )
         start = time.perf_counter()
         handle.sync_pread(self.buffer, str(self.path))
         read = time.perf_counter() - start

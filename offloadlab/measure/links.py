@@ -159,10 +159,10 @@ def nvme_from_tune_store(tune_dir: Path) -> tuple[float, float, str] | None:
     store = RunStore(tune_dir)
     try:
         run = store.run()
-        best = [r for r in store.tune_points(run["id"]) if r["is_best"]]
+        best = [p for p in store.tune_points(run["id"]) if p.is_best]
         if run["status"] != Status.DONE or not best:
             return None
-        return best[0]["read_gbps"] * 1e9, best[0]["write_gbps"] * 1e9, f"tune results in {tune_dir}"
+        return best[0].read_gbps * 1e9, best[0].write_gbps * 1e9, f"tune results in {tune_dir}"
     finally:
         store.close()
 
@@ -172,9 +172,9 @@ def measure_nvme_quick(nvme_path: Path, io_size: int = 64 << 20) -> tuple[float,
     import shutil
     import uuid
 
-    from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT, AioBench
-    from offloadlab.engines.ops import load_op
     from offloadlab.checks.host import check_direct_io, check_directory, check_free_disk
+    from offloadlab.engines.ops import load_op
+    from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT, AioBench
 
     check_directory(nvme_path, "--nvme")
     check_direct_io(nvme_path, "--nvme")
@@ -190,4 +190,8 @@ def measure_nvme_quick(nvme_path: Path, io_size: int = 64 << 20) -> tuple[float,
             bench.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return t.read_gbps * 1e9, t.write_gbps * 1e9, f"a quick measurement of {nvme_path} at DeepSpeed's default aio settings"
+    return (
+        t.read_gbps * 1e9,
+        t.write_gbps * 1e9,
+        f"a quick measurement of {nvme_path} at DeepSpeed's default aio settings",
+    )

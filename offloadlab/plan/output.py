@@ -1,22 +1,34 @@
-"""What `offloadlab plan` shows and writes: the ranked table, and the chosen placement as a run spec,
-a DeepSpeed JSON and an Accelerate config for users' own scripts."""
+"""What `offloadlab plan` shows and writes: the machine and its links, the ranked table (or its JSON), and the
+chosen placement as a run spec, a DeepSpeed JSON and an Accelerate config for users' own scripts."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import tomli_w
 from rich.table import Table
 
-from offloadlab.plan.predict import HOST_BASELINE_BYTES, GiB, Prediction
+from offloadlab.plan.accounting import HOST_BASELINE_BYTES, GiB, Links, Machine
+from offloadlab.plan.inputs import PlanInputs
+from offloadlab.plan.predict import Prediction
 from offloadlab.spec import RunSpec, load_spec
 
 
 def plan_table(predictions: list[Prediction], title: str) -> Table:
     table = Table(title=title, header_style="bold")
-    for col in ("#", "strategy", "fits", "binding constraint", "GPU GiB", "host GiB\n(pinned)", "NVMe GiB",
-                "step bound (s)", "bound by"):
+    for col in (
+        "#",
+        "strategy",
+        "fits",
+        "binding constraint",
+        "GPU GiB",
+        "host GiB\n(pinned)",
+        "NVMe GiB",
+        "step bound (s)",
+        "bound by",
+    ):
         table.add_column(col, justify="left" if col in ("strategy", "binding constraint", "bound by") else "right")
     rank = 0
     for x in predictions:
@@ -24,35 +36,113 @@ def plan_table(predictions: list[Prediction], title: str) -> Table:
         rank += fits
         m = x.memory
         table.add_row(
-            str(rank) if fits else "-", x.placement.name, "[green]yes[/]" if x.fits else "[red]no[/]", x.binding,
-            f"{m.gpu_bytes / GiB:.1f}", f"{m.host_bytes / GiB:.1f} ({m.pinned_bytes / GiB:.1f})", f"{m.nvme_bytes / GiB:.1f}",
-            "-" if x.step is None else f"{x.step.seconds:.3g}", "-" if x.step is None else x.step.bottleneck,
+            str(rank) if fits else "-",
+            x.placement.name,
+            "[green]yes[/]" if x.fits else "[red]no[/]",
+            x.binding,
+            f"{m.gpu_bytes / GiB:.1f}",
+            f"{m.host_bytes / GiB:.1f} ({m.pinned_bytes / GiB:.1f})",
+            f"{m.nvme_bytes / GiB:.1f}",
+            "-" if x.step is None else f"{x.step.seconds:.3g}",
+            "-" if x.step is None else x.step.bottleneck,
             style="bold green" if fits and rank == 1 else ("dim" if not x.fits else ""),
         )
     return table
+
+
+def machine_table(m: Machine, link: Links) -> Table:
+    table = Table(title="machine and measured links", header_style="bold", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    gpu = (
+        f"{m.gpus} x {m.gpu_name or 'GPU'}, {m.gpu_mem_bytes / GiB:.1f} GiB each"
+        if m.gpu_mem_bytes
+        else f"none: the CPU is the device ({m.gpus} rank(s))"
+    )
+    table.add_row("GPU", gpu)
+    table.add_row("host RAM", f"{m.host_mem_bytes / GiB:.1f} GiB")
+    table.add_row("NVMe free", "-" if m.nvme_free_bytes is None else f"{m.nvme_free_bytes / GiB:.1f} GiB")
+    table.add_row(
+        "NVMe read / write",
+        "-"
+        if link.nvme_read is None
+        else f"{link.nvme_read / 1e9:.2f} / {link.nvme_write / 1e9:.2f} GB/s ({link.nvme_source})",
+    )
+    table.add_row(
+        "PCIe pinned H2D / D2H",
+        "-" if link.pcie_h2d is None else f"{link.pcie_h2d / 1e9:.1f} / {link.pcie_d2h / 1e9:.1f} GB/s",
+    )
+    table.add_row(
+        "CPU Adam (DeepSpeed / torch)",
+        f"{link.cpu_adam_params_per_s / 1e6:.0f} / {link.torch_cpu_adam_params_per_s / 1e6:.0f} M params/s",
+    )
+    table.add_row(
+        "device Adam (torch / fused)",
+        "- (no GPU here to measure: not in the bounds)"
+        if link.device_adam_params_per_s is None
+        else f"{link.device_adam_params_per_s / 1e6:.0f} / {link.device_fused_adam_params_per_s / 1e6:.0f} M params/s",
+    )
+    table.add_row("host passes (clip, fp32 -> 16-bit)", f"{link.host_passes_params_per_s / 1e6:.0f} M params/s")
+    table.add_row("compute", f"{link.flops_per_s / 1e12:.2f} TFLOP/s ({link.flops_source})")
+    return table
+
+
+def plan_json(inputs: PlanInputs, predictions: list[Prediction]) -> dict:
+    return {
+        "shape": asdict(inputs.shape),
+        "machine": asdict(inputs.machine),
+        "links": asdict(inputs.links),
+        "predictions": [
+            {
+                "strategy": x.placement.name,
+                "placement": x.placement.strategy.model_dump(),
+                "activation_checkpointing": x.placement.activation_checkpointing,
+                "fits": x.fits,
+                "binding": x.binding,
+                "gpu_bytes": x.memory.gpu_bytes,
+                "host_bytes": x.memory.host_bytes,
+                "pinned_bytes": x.memory.pinned_bytes,
+                "nvme_bytes": x.memory.nvme_bytes,
+                "memory": asdict(x.memory),
+                "step_bound_s": x.step.seconds if x.step else None,
+                "bound_by": x.step.bottleneck if x.step else None,
+                "bytes_per_step": x.step.bytes_moved if x.step else None,
+            }
+            for x in predictions
+        ],
+    }
 
 
 def breakdown_table(x: Prediction) -> Table:
     table = Table(title=f"{x.placement.name}: predicted bytes per rank", header_style="bold")
     for col in ("where", "what", "GiB"):
         table.add_column(col, justify="right" if col == "GiB" else "left")
-    places = {"gpu": "gpu", "gpu_turn": "gpu (fwd/bwd turn)", "gpu_step": "gpu (optimizer step)",
-              "host_pinned": "host pinned", "host_pageable": "host pageable", "nvme": "nvme"}
+    places = {
+        "gpu": "gpu",
+        "gpu_turn": "gpu (fwd/bwd turn)",
+        "gpu_step": "gpu (optimizer step)",
+        "host_pinned": "host pinned",
+        "host_pageable": "host pageable",
+        "nvme": "nvme",
+    }
     for where, label in places.items():
         for what, nbytes in getattr(x.memory, where).items():
             table.add_row(label, what, f"{nbytes / GiB:.2f}")
     table.add_row("host", "runtime (Python, torch)", f"{HOST_BASELINE_BYTES / GiB:.2f}")
     if x.memory.host_build_bytes:
-        table.add_row("host", "fp32 build copy (freed before training; peak is the larger phase)",
-                      f"{x.memory.host_build_bytes / GiB:.2f}")
+        table.add_row(
+            "host",
+            "fp32 build copy (freed before training; peak is the larger phase)",
+            f"{x.memory.host_build_bytes / GiB:.2f}",
+        )
     return table
 
 
 def run_spec_for(base: RunSpec, x: Prediction, tuned: Path | None) -> dict:
     """The base spec's fields with the chosen placement as its only strategy."""
     raw = json.loads(base.model_dump_json(exclude_none=True))
-    strategy = x.placement.strategy()
-    if tuned is not None and x.placement.uses_nvme:
+    strategy = x.placement.strategy.model_dump(mode="json", exclude_defaults=True)
+    if tuned is not None and x.placement.strategy.uses_nvme:
         strategy["tuned"] = str(tuned.resolve())
     raw["strategy"] = [strategy]
     raw["model"]["activation_checkpointing"] = x.placement.activation_checkpointing
@@ -61,19 +151,34 @@ def run_spec_for(base: RunSpec, x: Prediction, tuned: Path | None) -> dict:
 
 
 def _accelerate_yaml(x: Prediction, spec: RunSpec, deepspeed_json: Path | None) -> str:
-    lines = ["# For `accelerate launch --config_file THIS your_script.py`, written by offloadlab plan.",
-             "compute_environment: LOCAL_MACHINE", "machine_rank: 0", "num_machines: 1",
-             f"num_processes: {spec.nproc}", "use_cpu: false"]
+    lines = [
+        "# For `accelerate launch --config_file THIS your_script.py`, written by offloadlab plan.",
+        "compute_environment: LOCAL_MACHINE",
+        "machine_rank: 0",
+        "num_machines: 1",
+        f"num_processes: {spec.nproc}",
+        "use_cpu: false",
+    ]
     if deepspeed_json is not None:
         # Precision and batch sizes come from the DeepSpeed file; Accelerate refuses them twice.
-        lines += ["distributed_type: DEEPSPEED", "deepspeed_config:", f"  deepspeed_config_file: {deepspeed_json.resolve()}",
-                  f"  zero3_init_flag: {'true' if x.placement.zero_stage == 3 else 'false'}"]
+        lines += [
+            "distributed_type: DEEPSPEED",
+            "deepspeed_config:",
+            f"  deepspeed_config_file: {deepspeed_json.resolve()}",
+            f"  zero3_init_flag: {'true' if x.placement.strategy.zero_stage == 3 else 'false'}",
+        ]
     else:
-        lines += ["distributed_type: FSDP", f"mixed_precision: {'bf16' if spec.precision == 'bf16' else 'no'}", "fsdp_config:",
-                  "  fsdp_version: 2", f"  fsdp_offload_params: {'true' if x.placement.cpu_offload else 'false'}",
-                  "  fsdp_reshard_after_forward: true", "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP",
-                  "  fsdp_state_dict_type: SHARDED_STATE_DICT",
-                  f"  fsdp_activation_checkpointing: {'true' if x.placement.activation_checkpointing else 'false'}"]
+        lines += [
+            "distributed_type: FSDP",
+            f"mixed_precision: {'bf16' if spec.precision == 'bf16' else 'no'}",
+            "fsdp_config:",
+            "  fsdp_version: 2",
+            f"  fsdp_offload_params: {'true' if x.placement.strategy.cpu_offload else 'false'}",
+            "  fsdp_reshard_after_forward: true",
+            "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP",
+            "  fsdp_state_dict_type: SHARDED_STATE_DICT",
+            f"  fsdp_activation_checkpointing: {'true' if x.placement.activation_checkpointing else 'false'}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -87,8 +192,10 @@ def write_plan(x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None) 
     spec = load_spec(spec_path)  # the written spec is one `offloadlab run` accepts, tuned include and all
     written = [spec_path]
     deepspeed_json = None
-    if x.placement.engine == "deepspeed":
-        config = deepspeed_config(spec, spec.strategy[0], spec.nproc, spec.nvme_path if x.placement.uses_nvme else None)
+    if x.placement.strategy.engine == "deepspeed":
+        config = deepspeed_config(
+            spec, spec.strategy[0], spec.nproc, spec.nvme_path if x.placement.strategy.uses_nvme else None
+        )
         deepspeed_json = out_dir / f"{x.placement.name}_deepspeed.json"
         deepspeed_json.write_text(json.dumps(config, indent=2) + "\n")
         written.append(deepspeed_json)

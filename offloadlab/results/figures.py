@@ -10,7 +10,7 @@ from dataclasses import dataclass
 # model FLOP/s by these; a GPU missing here reports no MFU rather than a guessed one.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H200": {"bf16": 989.0, "fp32": 67.0},
-    "H100": {"bf16": 989.0, "fp32": 67.0},   # SXM; the PCIe card is 756 / 51
+    "H100": {"bf16": 989.0, "fp32": 67.0},  # SXM; the PCIe card is 756 / 51
     "A100": {"bf16": 312.0, "fp32": 19.5},
     "L40S": {"bf16": 362.0, "fp32": 91.6},
     "A10G": {"bf16": 125.0, "fp32": 31.2},

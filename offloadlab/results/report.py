@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from offloadlab.results.status import Status
+from offloadlab.results.store import RunStore
 from offloadlab.results.summary import StrategySummary, summarize
 from offloadlab.results.tables import human_bytes
-from offloadlab.results.store import RunStore
 
 WIDTH, HEIGHT, PAD = 320, 170, 36
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e")
@@ -51,16 +51,21 @@ def _series(store: RunStore, strategy_id: int, panel: Panel) -> list[list[tuple[
 
 def svg_chart(lines: list[list[tuple[float, float]]], y_max: float, x_label: str, unit: str) -> str:
     if not lines:
-        return f'<svg width="{WIDTH}" height="{HEIGHT}"><text x="{WIDTH // 2}" y="{HEIGHT // 2}" text-anchor="middle" fill="#888">no data</text></svg>'
+        return (
+            f'<svg width="{WIDTH}" height="{HEIGHT}"><text x="{WIDTH // 2}" y="{HEIGHT // 2}" '
+            'text-anchor="middle" fill="#888">no data</text></svg>'
+        )
     x_max = max(x for line in lines for x, _ in line) or 1.0
     y_max = y_max or 1.0
     sx = lambda x: PAD + (WIDTH - PAD - 8) * x / x_max  # noqa: E731 - local scale
     sy = lambda y: HEIGHT - PAD + 12 - (HEIGHT - PAD - 4) * y / y_max  # noqa: E731
-    parts = [f'<svg width="{WIDTH}" height="{HEIGHT}" font-size="10" font-family="sans-serif">',
-             f'<line x1="{PAD}" y1="{sy(0)}" x2="{WIDTH - 8}" y2="{sy(0)}" stroke="#999"/>',
-             f'<line x1="{PAD}" y1="{sy(0)}" x2="{PAD}" y2="{sy(y_max)}" stroke="#999"/>',
-             f'<text x="2" y="{sy(y_max) + 4}">{y_max:.3g}</text><text x="2" y="{sy(0)}">0</text>',
-             f'<text x="{WIDTH - 8}" y="{HEIGHT - 4}" text-anchor="end">{x_label} (max {x_max:.3g}) · {unit}</text>']
+    parts = [
+        f'<svg width="{WIDTH}" height="{HEIGHT}" font-size="10" font-family="sans-serif">',
+        f'<line x1="{PAD}" y1="{sy(0)}" x2="{WIDTH - 8}" y2="{sy(0)}" stroke="#999"/>',
+        f'<line x1="{PAD}" y1="{sy(0)}" x2="{PAD}" y2="{sy(y_max)}" stroke="#999"/>',
+        f'<text x="2" y="{sy(y_max) + 4}">{y_max:.3g}</text><text x="2" y="{sy(0)}">0</text>',
+        f'<text x="{WIDTH - 8}" y="{HEIGHT - 4}" text-anchor="end">{x_label} (max {x_max:.3g}) · {unit}</text>',
+    ]
     for color, line in zip(COLORS, lines):
         points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line)
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{points}"/>')
@@ -76,14 +81,27 @@ def _summary_rows(summaries: list[StrategySummary]) -> str:
     for s in summaries:
         ckpt = {True: "verified", False: "FAILED", None: "-"}[s.checkpoint_verified]
         status = s.status.label + (f": {s.reason}" if s.reason and s.status is not Status.DONE else "")
-        rows.append("<tr>" + "".join(cell(v) for v in (
-            s.name, s.engine, status,
-            "-" if s.median_step_time_s is None else f"{s.median_step_time_s:.3f}",
-            "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",
-            "-" if s.mfu_percent is None else f"{s.mfu_percent:.1f}%",
-            human_bytes(s.peak_allocated_bytes), human_bytes(s.host_rss_peak_bytes),
-            human_bytes(s.disk_read_bytes_per_step), human_bytes(s.disk_write_bytes_per_step),
-            "-" if s.gpu_idle_share is None else f"{100 * s.gpu_idle_share:.0f}%", ckpt)) + "</tr>")
+        rows.append(
+            "<tr>"
+            + "".join(
+                cell(v)
+                for v in (
+                    s.name,
+                    s.engine,
+                    status,
+                    "-" if s.median_step_time_s is None else f"{s.median_step_time_s:.3f}",
+                    "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",
+                    "-" if s.mfu_percent is None else f"{s.mfu_percent:.1f}%",
+                    human_bytes(s.peak_allocated_bytes),
+                    human_bytes(s.host_rss_peak_bytes),
+                    human_bytes(s.disk_read_bytes_per_step),
+                    human_bytes(s.disk_write_bytes_per_step),
+                    "-" if s.gpu_idle_share is None else f"{100 * s.gpu_idle_share:.0f}%",
+                    ckpt,
+                )
+            )
+            + "</tr>"
+        )
     return "\n".join(rows)
 
 
@@ -98,17 +116,24 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         values = [y for lines in per_strategy.values() for line in lines for _, y in line]
         y_max = max(values) * 1.05 if values else 0.0
         x_label = "step" if panel.metrics == ("step_time",) else "seconds"
-        charts = "".join(f'<figure><figcaption>{html.escape(name)}</figcaption>{svg_chart(lines, y_max, x_label, panel.unit)}</figure>'
-                         for name, lines in per_strategy.items())
+        charts = "".join(
+            f"<figure><figcaption>{html.escape(name)}</figcaption>"
+            f"{svg_chart(lines, y_max, x_label, panel.unit)}</figure>"
+            for name, lines in per_strategy.items()
+        )
         sections.append(f"<h2>{html.escape(panel.title)}</h2><div class='row'>{charts}</div>")
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>offloadlab report: {html.escape(run['name'])}</title>
-<style>body{{font-family:sans-serif;margin:24px}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
-td:first-child,td:nth-child(2),td:nth-child(3){{text-align:left}}.row{{display:flex;flex-wrap:wrap;gap:12px}}figure{{margin:0}}
-figcaption{{font-size:12px;font-weight:bold}}</style></head><body>
+    page = f"""<!doctype html><html><head><meta charset="utf-8">
+<title>offloadlab report: {html.escape(run['name'])}</title>
+<style>body{{font-family:sans-serif;margin:24px}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
+td:first-child,td:nth-child(2),td:nth-child(3){{text-align:left}}.row{{display:flex;flex-wrap:wrap;gap:12px}}
+figure{{margin:0}} figcaption{{font-size:12px;font-weight:bold}}</style></head><body>
 <h1>offloadlab report: {html.escape(run['name'])}</h1><p>run directory {html.escape(str(run_dir))},
 status {html.escape(store.run_status())}.
-Step time excludes the first step in the medians; the first line of two-line panels is tx/read, the second rx/write.</p>
-<table><tr><th>strategy</th><th>engine</th><th>status</th><th>step (s)</th><th>tokens/s</th><th>MFU</th><th>GPU peak alloc</th>
+Step time excludes the first step in the medians;
+the first line of two-line panels is tx/read, the second rx/write.</p>
+<table><tr><th>strategy</th><th>engine</th><th>status</th><th>step (s)</th><th>tokens/s</th><th>MFU</th>
+<th>GPU peak alloc</th>
 <th>host RSS peak</th><th>NVMe read/step</th><th>NVMe write/step</th><th>GPU idle</th><th>checkpoint</th></tr>
 {_summary_rows(summaries)}</table>
 {''.join(sections)}

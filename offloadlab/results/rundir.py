@@ -85,8 +85,9 @@ class RunDir:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise RunDirError(f"another offloadlab process is running or tuning in {self.root}: "
-                              "wait for it, or pass another --out") from None
+            raise RunDirError(
+                f"another offloadlab process is running or tuning in {self.root}: wait for it, or pass another --out"
+            ) from None
         return fd
 
     def is_live(self) -> bool:

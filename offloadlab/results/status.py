@@ -33,8 +33,14 @@ class Status(StrEnum):
         return self in (Status.PENDING, Status.RUNNING)
 
 
-_STYLE = {Status.PENDING: "dim", Status.RUNNING: "cyan", Status.DONE: "green", Status.FAILED: "red",
-          Status.DOES_NOT_FIT: "yellow", Status.INTERRUPTED: "red"}
+_STYLE = {
+    Status.PENDING: "dim",
+    Status.RUNNING: "cyan",
+    Status.DONE: "green",
+    Status.FAILED: "red",
+    Status.DOES_NOT_FIT: "yellow",
+    Status.INTERRUPTED: "red",
+}
 
 # The reason an interrupted run's unfinished strategies show.
 DIED_REASON = "offloadlab's process ended before the run finished (a closed terminal, or killed)"

@@ -64,11 +64,13 @@ def per_step(store: RunStore, strategy_id: int, steps: list[StepRecord]) -> list
     out = []
     for s in steps:
         mean_util = _mean_in(util, s.t_start, s.t_end)
-        out.append(StepTelemetry(
-            gpu_idle_share=None if mean_util is None else 1.0 - mean_util / 100.0,
-            device_read_bytes=read.between(s.t_start, s.t_end),
-            device_write_bytes=written.between(s.t_start, s.t_end),
-            pcie_tx_bytes_per_s=_mean_in(tx, s.t_start, s.t_end),
-            pcie_rx_bytes_per_s=_mean_in(rx, s.t_start, s.t_end),
-        ))
+        out.append(
+            StepTelemetry(
+                gpu_idle_share=None if mean_util is None else 1.0 - mean_util / 100.0,
+                device_read_bytes=read.between(s.t_start, s.t_end),
+                device_write_bytes=written.between(s.t_start, s.t_end),
+                pcie_tx_bytes_per_s=_mean_in(tx, s.t_start, s.t_end),
+                pcie_rx_bytes_per_s=_mean_in(rx, s.t_start, s.t_end),
+            )
+        )
     return out

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 from offloadlab.results.rundir import DB_NAME, RunDir
 from offloadlab.results.status import DIED_REASON, Status
+from offloadlab.spec import AioSettings
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -101,7 +102,6 @@ CREATE INDEX IF NOT EXISTS samples_by_strategy ON samples (strategy_id, metric, 
 """
 
 
-
 class StoreError(Exception):
     """A run store that cannot be read; the message is one line that names the file."""
 
@@ -131,12 +131,14 @@ def connect_read_only(run_dir: Path) -> sqlite3.Connection:
     # works on a read-only mount. A live store is read through its WAL.
     immutable = "" if path.with_name(f"{DB_NAME}-wal").exists() else "&immutable=1"
     try:
-        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro{immutable}", uri=True, timeout=30.0,
-                               isolation_level=None)
+        conn = sqlite3.connect(
+            f"file:{quote(str(path))}?mode=ro{immutable}", uri=True, timeout=30.0, isolation_level=None
+        )
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.DatabaseError as err:
-        raise StoreError(f"{path} is not a readable SQLite database ({err}): corrupt, truncated or not a run "
-                         "store") from None
+        raise StoreError(
+            f"{path} is not a readable SQLite database ({err}): corrupt, truncated or not a run store"
+        ) from None
     if not {"runs", "strategies"} <= tables:
         conn.close()
         raise StoreError(f"{path} is another program's database, not an offloadlab run store")
@@ -165,6 +167,44 @@ class StepRecord:
         return self.t_end - self.t_start
 
 
+@dataclass(frozen=True)
+class TunePoint:
+    """One aio setting `tune` measured, with its figures (GB/s; spread: (max - min) / mean over repeats)."""
+
+    aio: AioSettings
+    stage: str
+    """coarse, refine N, or repeat."""
+    read_gbps: float
+    read_spread: float
+    write_gbps: float
+    write_spread: float
+    repeats: int
+    score_gbps: float
+    is_best: bool = False
+    is_deepspeed_default: bool = False
+
+    def as_dict(self) -> dict:
+        """Flat: the store's columns, and `tune --json`'s points."""
+        figures = {k: v for k, v in asdict(self).items() if k != "aio"}
+        return {"stage": self.stage, **self.aio.model_dump(), **figures}
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> "TunePoint":
+        aio = AioSettings(**{k: row[k] for k in AioSettings.model_fields})
+        return cls(
+            aio,
+            row["stage"],
+            row["read_gbps"],
+            row["read_spread"],
+            row["write_gbps"],
+            row["write_spread"],
+            row["repeats"],
+            row["score_gbps"],
+            bool(row["is_best"]),
+            bool(row["is_deepspeed_default"]),
+        )
+
+
 class RunStore:
     """Typed writes and reads over one run directory's database: read-only unless `writable` (the run's
     own processes) or `create_schema` (the process that starts the run or tune)."""
@@ -185,7 +225,9 @@ class RunStore:
 
     # -- writes ---------------------------------------------------------------------------------------
     def add_run(self, name: str, spec_toml: str) -> int:
-        cur = self.conn.execute("INSERT INTO runs (name, spec_toml, created_at) VALUES (?, ?, ?)", (name, spec_toml, time.time()))
+        cur = self.conn.execute(
+            "INSERT INTO runs (name, spec_toml, created_at) VALUES (?, ?, ?)", (name, spec_toml, time.time())
+        )
         return cur.lastrowid
 
     def add_strategy(self, run_id: int, name: str, engine: str, config: dict, steps_planned: int) -> int:
@@ -201,30 +243,50 @@ class RunStore:
     def set_strategy_status(self, strategy_id: int, status: Status, reason: str | None = None) -> None:
         now = time.time()
         if status is Status.RUNNING:
-            self.conn.execute("UPDATE strategies SET status = ?, started_at = ? WHERE id = ?", (status, now, strategy_id))
+            self.conn.execute(
+                "UPDATE strategies SET status = ?, started_at = ? WHERE id = ?", (status, now, strategy_id)
+            )
         else:
             self.conn.execute(
-                "UPDATE strategies SET status = ?, reason = ?, finished_at = ? WHERE id = ?", (status, reason, now, strategy_id)
+                "UPDATE strategies SET status = ?, reason = ?, finished_at = ? WHERE id = ?",
+                (status, reason, now, strategy_id),
             )
 
     def set_checkpoint_result(self, strategy_id: int, verified: bool, detail: str) -> None:
         self.conn.execute(
-            "UPDATE strategies SET checkpoint_verified = ?, checkpoint_detail = ? WHERE id = ?", (int(verified), detail, strategy_id)
+            "UPDATE strategies SET checkpoint_verified = ?, checkpoint_detail = ? WHERE id = ?",
+            (int(verified), detail, strategy_id),
         )
 
     def add_step(self, strategy_id: int, rank: int, rec: StepRecord) -> None:
         self.conn.execute(
             "INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (strategy_id, rank, rec.step, rec.phase, rec.loss, rec.t_start, rec.t_end, rec.tokens_per_s,
-             rec.peak_allocated_bytes, rec.peak_reserved_bytes, rec.peak_active_bytes, rec.host_rss_peak_bytes,
-             rec.disk_read_bytes, rec.disk_write_bytes),
+            (
+                strategy_id,
+                rank,
+                rec.step,
+                rec.phase,
+                rec.loss,
+                rec.t_start,
+                rec.t_end,
+                rec.tokens_per_s,
+                rec.peak_allocated_bytes,
+                rec.peak_reserved_bytes,
+                rec.peak_active_bytes,
+                rec.host_rss_peak_bytes,
+                rec.disk_read_bytes,
+                rec.disk_write_bytes,
+            ),
         )
 
-    def add_events(self, strategy_id: int, rank: int, events: list[tuple[int | None, str, float, float | None, str | None]]) -> None:
+    def add_events(
+        self, strategy_id: int, rank: int, events: list[tuple[int | None, str, float, float | None, str | None]]
+    ) -> None:
         """Many (step, kind, t_start, t_end, detail) rows in one transaction."""
         with self.conn:
             self.conn.executemany(
-                "INSERT INTO events (strategy_id, rank, step, kind, t_start, t_end, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO events (strategy_id, rank, step, kind, t_start, t_end, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(strategy_id, rank, *e) for e in events],
             )
 
@@ -236,13 +298,17 @@ class RunStore:
                 [(strategy_id, *r) for r in rows],
             )
 
-    def upsert_tune_points(self, run_id: int, rows: list[dict]) -> None:
+    def upsert_tune_points(self, run_id: int, points: list[TunePoint]) -> None:
         """Write points as `tune` measures them; a point written again (more repeats, final flags) replaces its row."""
+        rows = [p.as_dict() for p in points]
         with self.conn:
             self.conn.executemany(
-                "DELETE FROM tune_points WHERE run_id = :run_id AND block_size = :block_size AND queue_depth = :queue_depth "
+                "DELETE FROM tune_points WHERE run_id = :run_id AND block_size = :block_size "
+                "AND queue_depth = :queue_depth "
                 "AND intra_op_parallelism = :intra_op_parallelism AND single_submit = :single_submit "
-                "AND overlap_events = :overlap_events", [{"run_id": run_id, **r} for r in rows])
+                "AND overlap_events = :overlap_events",
+                [{"run_id": run_id, **r} for r in rows],
+            )
             self.conn.executemany(
                 "INSERT INTO tune_points VALUES (:run_id, :stage, :block_size, :queue_depth, :intra_op_parallelism, "
                 ":single_submit, :overlap_events, :read_gbps, :read_spread, :write_gbps, :write_spread, :repeats, "
@@ -264,9 +330,17 @@ class RunStore:
         """A run whose process died: the run and its unfinished strategies say so."""
         with self.conn:
             self.conn.execute("UPDATE runs SET status = ? WHERE id = ?", (Status.INTERRUPTED, run_id))
-            self.conn.execute("UPDATE strategies SET status = ?, reason = ?, finished_at = ? WHERE run_id = ? "
-                              "AND status IN (?, ?)", (Status.FAILED, f"{Status.INTERRUPTED}: {DIED_REASON}",
-                                                       time.time(), run_id, Status.PENDING, Status.RUNNING))
+            self.conn.execute(
+                "UPDATE strategies SET status = ?, reason = ?, finished_at = ? WHERE run_id = ? AND status IN (?, ?)",
+                (
+                    Status.FAILED,
+                    f"{Status.INTERRUPTED}: {DIED_REASON}",
+                    time.time(),
+                    run_id,
+                    Status.PENDING,
+                    Status.RUNNING,
+                ),
+            )
 
     # -- reads ----------------------------------------------------------------------------------------
     def run(self) -> sqlite3.Row:
@@ -284,7 +358,9 @@ class RunStore:
 
     def created(self, run_id: int) -> list[Path]:
         try:
-            return [Path(r[0]) for r in self.conn.execute("SELECT path FROM created_paths WHERE run_id = ?", (run_id,))]
+            return [
+                Path(r[0]) for r in self.conn.execute("SELECT path FROM created_paths WHERE run_id = ?", (run_id,))
+            ]
         except sqlite3.OperationalError:
             return []  # a store from before the table existed
 
@@ -311,15 +387,24 @@ class RunStore:
 
     def samples(self, strategy_id: int, metric_like: str) -> list[tuple[float, str, float | None]]:
         """(t, metric, value) of a strategy's samples whose metric matches a LIKE pattern, by time."""
-        return [tuple(r) for r in self.conn.execute(
-            "SELECT t, metric, value FROM samples WHERE strategy_id = ? AND metric LIKE ? ORDER BY t", (strategy_id, metric_like))]
+        return [
+            tuple(r)
+            for r in self.conn.execute(
+                "SELECT t, metric, value FROM samples WHERE strategy_id = ? AND metric LIKE ? ORDER BY t",
+                (strategy_id, metric_like),
+            )
+        ]
 
-    def tune_points(self, run_id: int) -> list[sqlite3.Row]:
-        return self.conn.execute("SELECT * FROM tune_points WHERE run_id = ? ORDER BY score_gbps DESC", (run_id,)).fetchall()
+    def tune_points(self, run_id: int) -> list[TunePoint]:
+        """Best score first."""
+        rows = self.conn.execute("SELECT * FROM tune_points WHERE run_id = ? ORDER BY score_gbps DESC", (run_id,))
+        return [TunePoint.from_row(r) for r in rows]
 
     def events(self, strategy_id: int, kind: str | None = None) -> list[sqlite3.Row]:
         if kind is None:
-            return self.conn.execute("SELECT * FROM events WHERE strategy_id = ? ORDER BY t_start", (strategy_id,)).fetchall()
+            return self.conn.execute(
+                "SELECT * FROM events WHERE strategy_id = ? ORDER BY t_start", (strategy_id,)
+            ).fetchall()
         return self.conn.execute(
             "SELECT * FROM events WHERE strategy_id = ? AND kind = ? ORDER BY t_start", (strategy_id, kind)
         ).fetchall()

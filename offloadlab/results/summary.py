@@ -6,8 +6,8 @@ import json
 from dataclasses import asdict, dataclass
 
 from offloadlab.results import figures
-from offloadlab.results.steps import per_step
 from offloadlab.results.status import DIED_REASON, Status
+from offloadlab.results.steps import per_step
 from offloadlab.results.store import RunStore, StepRecord, StoreError
 
 
@@ -85,8 +85,10 @@ def _model_facts(store: RunStore, strategy_id: int) -> figures.ModelFacts | None
 def summarize(store: RunStore) -> list[StrategySummary]:
     run = store.run()
     if not store.strategies(run["id"]) and store.tune_points(run["id"]):
-        raise StoreError(f"{store.run_dir} holds a tune, not a run: its result is tuned.toml there, and "
-                         f"'offloadlab tui {store.run_dir}' shows its sweep")
+        raise StoreError(
+            f"{store.run_dir} holds a tune, not a run: its result is tuned.toml there, and "
+            f"'offloadlab tui {store.run_dir}' shows its sweep"
+        )
     died = store.run_status() is Status.INTERRUPTED
     out = []
     for row in store.strategies(run["id"]):

@@ -32,9 +32,20 @@ def _gb(bytes_per_s: float | None) -> float | None:
 def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
     # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
     table = Table(title=Text(f"offloadlab compare {run_dir}"), header_style="bold")
-    for col in ("strategy", "status", "step (s)", "tokens/s\nMFU", "GPU peak\nalloc / resv", "host RSS\npeak",
-                "NVMe/step\nread / write", "GPU\nidle", "PCIe GB/s\ntx / rx", "comm/step\nbytes / s", "SSD writes\nper 10k steps",
-                "checkpoint"):
+    for col in (
+        "strategy",
+        "status",
+        "step (s)",
+        "tokens/s\nMFU",
+        "GPU peak\nalloc / resv",
+        "host RSS\npeak",
+        "NVMe/step\nread / write",
+        "GPU\nidle",
+        "PCIe GB/s\ntx / rx",
+        "comm/step\nbytes / s",
+        "SSD writes\nper 10k steps",
+        "checkpoint",
+    ):
         text = col in ("strategy", "status", "checkpoint")
         table.add_column(col, justify="left" if text else "right", no_wrap=col != "status", overflow="fold")
     for s in summaries:

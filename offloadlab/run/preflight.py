@@ -7,40 +7,17 @@ import os
 from pathlib import Path
 
 from offloadlab.checks.host import PreflightError, check_direct_io, check_directory, check_free_disk
+from offloadlab.engines import engine_class
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
-
-# Bytes per parameter DeepSpeed keeps in the NVMe swap folder: fp32 master, Adam m and v, fp32 gradient.
-OPTIMIZER_SWAP_BYTES_PER_PARAM = 16
 
 
 def check_buffer_fits_largest_param(strategy: DeepSpeedStrategy, largest_param_numel: int) -> None:
     if strategy.offload_param == "nvme" and strategy.buffer_size < largest_param_numel:
         raise PreflightError(
             f"strategy {strategy.name}: buffer_size = {strategy.buffer_size:,} elements is smaller than the largest "
-            f"parameter ({largest_param_numel:,} elements, usually the embedding): set buffer_size >= {largest_param_numel}"
+            f"parameter ({largest_param_numel:,} elements, usually the embedding): "
+            f"set buffer_size >= {largest_param_numel}"
         )
-
-
-def nvme_bytes_needed(strategy: DeepSpeedStrategy, n_params: int, param_bytes: int) -> int:
-    """Swap-folder bytes a strategy needs on one host (its ranks' partitions add up to the whole model)."""
-    total = 0
-    if strategy.offload_param == "nvme":
-        total += n_params * param_bytes
-    if strategy.offload_optimizer == "nvme":
-        total += n_params * OPTIMIZER_SWAP_BYTES_PER_PARAM
-    return total
-
-
-def checkpoint_bytes_needed(strategy, n_params: int, param_bytes: int) -> int:
-    """Run-directory bytes while a strategy's checkpoint is verified.
-
-    A checkpoint holds fp32 weights and both Adam moments (12 bytes a parameter; measured on ZeRO-3 NVMe,
-    ZeRO-3 CPU and FSDP2 checkpoints), ZeRO-1/2 add the low-precision module copy. DeepSpeed's restore
-    check saves the restored state once more beside the checkpoint, so its peak is two copies.
-    """
-    if isinstance(strategy, DeepSpeedStrategy):
-        return 2 * n_params * (12 + (param_bytes if strategy.zero_stage < 3 else 0))
-    return 12 * n_params
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -58,12 +35,15 @@ def check_disk_for_run(spec: RunSpec, run_dir: Path, n_params: int) -> None:
     nvme_fs = spec.nvme_path if any(s.uses_nvme for s in spec.strategy) else None
     same_fs = nvme_fs is not None and os.stat(nvme_fs).st_dev == os.stat(run_fs).st_dev
     for strategy in spec.strategy:
-        swap = 1.1 * nvme_bytes_needed(strategy, n_params, param_bytes) if isinstance(strategy, DeepSpeedStrategy) else 0
-        checkpoint = checkpoint_bytes_needed(strategy, n_params, param_bytes) if spec.verify_checkpoint else 0
+        engine = engine_class(strategy)
+        swap = 1.1 * engine.swap_bytes(strategy, n_params, param_bytes)
+        checkpoint = engine.checkpoint_bytes(strategy, n_params, param_bytes) if spec.verify_checkpoint else 0
         fix = " (or set verify_checkpoint = false, or pass --out on another drive)" if checkpoint else ""
         try:
             if same_fs:
-                check_free_disk(nvme_fs, int(swap + checkpoint), f"strategy {strategy.name!r}: nvme_path (swap + checkpoint)")
+                check_free_disk(
+                    nvme_fs, int(swap + checkpoint), f"strategy {strategy.name!r}: nvme_path (swap + checkpoint)"
+                )
             else:
                 if swap:
                     check_free_disk(nvme_fs, int(swap), f"strategy {strategy.name!r}: nvme_path (swap)")
@@ -90,5 +70,3 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> None:
     for strategy in nvme:
         check_buffer_fits_largest_param(strategy, shape.largest_param_numel)
     check_disk_for_run(spec, run_dir, shape.n_params)
-
-

@@ -27,12 +27,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from offloadlab.engines import engine_class
 from offloadlab.engines.ops import announce_on, ensure_built
-from offloadlab.run.preflight import PreflightError, preflight_run
 from offloadlab.results.rundir import LOCK_NAME, NVME_PREFIX, RunDir, RunDirError, signals_ignored
-from offloadlab.spec import FSDP2Strategy, RunSpec
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore, StoreError
+from offloadlab.run.preflight import PreflightError, preflight_run
+from offloadlab.spec import RunSpec
 
 # torch's pinned-memory allocator rounds each allocation up to a power of two. DeepSpeed pins its swap
 # buffers, gradient partitions and max_in_cpu parameters as a few multi-GB tensors, so the rounding locks
@@ -109,8 +110,9 @@ class StrategyJob:
 
 
 class Runner:
-    def __init__(self, spec: RunSpec, run_dir: RunDir, launch: Launch, console: Console,
-                 keep_checkpoints: bool = False):
+    def __init__(
+        self, spec: RunSpec, run_dir: RunDir, launch: Launch, console: Console, keep_checkpoints: bool = False
+    ):
         self.spec, self.run_dir, self.launch, self.console = spec, run_dir, launch, console
         self.keep_checkpoints = keep_checkpoints
         self.oom_kills_before = oom_kills()  # taken again at each launch
@@ -135,8 +137,12 @@ class Runner:
     def run(self) -> None:
         try:
             with Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TimeRemainingColumn(), console=self.console,
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
             ) as progress:
                 for job in self.jobs:
                     self._run_strategy(job, progress)
@@ -146,11 +152,15 @@ class Runner:
                 left = self._stop_and_clean_all(err)
             what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"stopped ({type(err).__name__}: {err})"
             if left:
-                self.say(f"[yellow]{what}: stopped the running strategy; could not remove "
-                         f"{', '.join(escape(str(p)) for p in left)}[/]")
+                self.say(
+                    f"[yellow]{what}: stopped the running strategy; could not remove "
+                    f"{', '.join(escape(str(p)) for p in left)}[/]"
+                )
             else:
-                self.say(f"[yellow]{what}: stopped the running strategy and removed the NVMe, checkpoint, "
-                         "scratch and temp folders the run made[/]")
+                self.say(
+                    f"[yellow]{what}: stopped the running strategy and removed the NVMe, checkpoint, "
+                    "scratch and temp folders the run made[/]"
+                )
             raise
 
     def _stop_and_clean_all(self, err: BaseException) -> list[Path]:
@@ -189,8 +199,11 @@ class Runner:
                         rc_world_1 = self._launch(job, "verify", progress, None, nproc=1)
                         if rc_world_1 != 0:
                             self.store.set_checkpoint_result(
-                                job.strategy_id, False, f"{at_own_world} | restore at world size 1 failed: "
-                                f"{self._exit_reason(rc_world_1, job.log)[1]}")
+                                job.strategy_id,
+                                False,
+                                f"{at_own_world} | restore at world size 1 failed: "
+                                f"{self._exit_reason(rc_world_1, job.log)[1]}",
+                            )
                 self.store.set_strategy_status(job.strategy_id, Status.DONE)
         finally:
             self._clean(job)
@@ -198,19 +211,30 @@ class Runner:
         status = Status(row["status"])
         progress.update(task, description=f"{job.name:<18} [{status.style}]{status.label}[/]")
         if row["reason"]:
-            self.say(f"  {job.name}: {status.label}: {escape(row['reason'])} "
-                     f"(log: {escape(str(job.log))})")
+            self.say(f"  {job.name}: {status.label}: {escape(row['reason'])} (log: {escape(str(job.log))})")
 
     def _restores_at_world_1(self, job: StrategyJob) -> bool:
-        """FSDP2's DCP checkpoints reshard on load; DeepSpeed's need its universal-checkpoint conversion
-        first, which offloadlab does not run. One host only: the check runs where rank 0 saved."""
-        strategy = self.spec.get_strategy(job.name)
-        return self.spec.nproc > 1 and self.launch.nnodes == 1 and isinstance(strategy, FSDP2Strategy)
+        """One host only: the check runs where rank 0 saved."""
+        engine = engine_class(self.spec.get_strategy(job.name))
+        return self.spec.nproc > 1 and self.launch.nnodes == 1 and engine.restores_at_other_world_size
 
     def _launch(self, job: StrategyJob, mode: str, progress: Progress, task, nproc: int | None = None) -> int:
         launch = self.launch if nproc is None else Launch()
-        cmd = [sys.executable, "-P", "-m", "torch.distributed.run", *launch.torchrun_args(nproc or self.spec.nproc),
-               "-m", "offloadlab.train.worker", "--run-dir", str(self.run_dir.root), "--strategy", job.name, "--mode", mode]
+        cmd = [
+            sys.executable,
+            "-P",
+            "-m",
+            "torch.distributed.run",
+            *launch.torchrun_args(nproc or self.spec.nproc),
+            "-m",
+            "offloadlab.train.worker",
+            "--run-dir",
+            str(self.run_dir.root),
+            "--strategy",
+            job.name,
+            "--mode",
+            mode,
+        ]
         if job.nvme_dir is not None:
             cmd += ["--nvme-dir", str(job.nvme_dir)]
         tmp = self.run_dir.job_tmp(job.name)
@@ -220,8 +244,14 @@ class Runner:
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
             # A session of its own, so Ctrl-C reaches the parent first and the parent stops the job whole.
-            job.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(os.environ, tmp),
-                                        cwd=self.run_dir.root, start_new_session=True)
+            job.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=worker_env(os.environ, tmp),
+                cwd=self.run_dir.root,
+                start_new_session=True,
+            )
             while job.proc.poll() is None:
                 if task is not None:
                     progress.update(task, completed=self._steps_done(job))
@@ -240,13 +270,15 @@ class Runner:
     def _exit_reason(self, rc: int, log: Path) -> tuple[Status, str]:
         """Why a job ended without recording a result itself (it was killed, or crashed before the store)."""
         text = log.read_text(errors="replace") if log.exists() else ""
-        latest = text[text.rfind("\n$ ") + 1:]  # this launch's output only; the log holds train and verify
+        latest = text[text.rfind("\n$ ") + 1 :]  # this launch's output only; the log holds train and verify
         # torchrun exits 1 when a rank dies; it names the signal in its summary.
         if rc in (-signal.SIGKILL, 128 + signal.SIGKILL) or "SIGKILL" in latest or "exitcode  : -9" in latest:
             if oom_kills() > self.oom_kills_before:
                 return Status.DOES_NOT_FIT, "killed by the kernel's OOM killer (host RAM): its oom_kill count went up"
-            return Status.FAILED, ("killed by SIGKILL from outside offloadlab, not by the kernel's OOM killer "
-                              "(its oom_kill count did not move)")
+            return Status.FAILED, (
+                "killed by SIGKILL from outside offloadlab, not by the kernel's OOM killer "
+                "(its oom_kill count did not move)"
+            )
         lines = [line for line in latest.splitlines() if line.strip() and not line.startswith("$ ")]
         return Status.FAILED, f"exited with code {rc}: {lines[-1][:300] if lines else 'no output'}"
 
@@ -267,8 +299,11 @@ class Runner:
             if not path.exists():
                 with contextlib.suppress(sqlite3.Error):
                     self.store.forget_created(self.run_id, path)
-        folders = [f for f in self.run_dir.per_strategy_folders(job.name)
-                   if not (self.keep_checkpoints and f == self.run_dir.checkpoints(job.name))]
+        folders = [
+            f
+            for f in self.run_dir.per_strategy_folders(job.name)
+            if not (self.keep_checkpoints and f == self.run_dir.checkpoints(job.name))
+        ]
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
             with contextlib.suppress(OSError):
@@ -283,23 +318,28 @@ def check_fits(spec: RunSpec, console: Console, force: bool) -> None:
     and say which ones are predicted not to fit."""
     if spec.model.hf_config is not None:
         return  # the planner predicts GPT shapes only
-    from offloadlab.workload.model import gpt_config
-    from offloadlab.plan.predict import Placement, Shape, predict
+    from offloadlab.plan.accounting import Placement, Shape
     from offloadlab.plan.inputs import detect_machine, swap_buffers_of
+    from offloadlab.plan.predict import predict
+    from offloadlab.workload.model import gpt_config
 
-    shape = Shape.of(gpt_config(spec.model, spec.seq_len), spec.seq_len, spec.micro_batch, spec.grad_accum,
-                     spec.precision)
+    shape = Shape.of(
+        gpt_config(spec.model, spec.seq_len), spec.seq_len, spec.micro_batch, spec.grad_accum, spec.precision
+    )
     machine = detect_machine(spec.nproc, None, None, spec.nvme_path)
     unfit = {}
     for s in spec.strategy:
-        prediction = predict(Placement.from_strategy(s, spec.model.activation_checkpointing), shape, machine, None,
-                             swap_buffers_of(s, shape))
+        prediction = predict(
+            Placement(s, spec.model.activation_checkpointing), shape, machine, None, swap_buffers_of(s, shape)
+        )
         if not prediction.fits:
             unfit[s.name] = prediction.binding
     if len(unfit) == len(spec.strategy) and not force:
         needs = "; ".join(f"{name} needs {binding}" for name, binding in unfit.items())
-        raise PreflightError(f"the plan says no strategy of this spec fits this machine ({needs}). "
-                             "'offloadlab plan SPEC' shows what does; --force runs it anyway")
+        raise PreflightError(
+            f"the plan says no strategy of this spec fits this machine ({needs}). "
+            "'offloadlab plan SPEC' shows what does; --force runs it anyway"
+        )
     for name, binding in unfit.items():
         console.print(f"  {name}: the plan predicts it does not fit ({escape(binding)}); running it to see")
 
@@ -327,16 +367,23 @@ def sweep_dead_runs(parent: Path, console: Console) -> None:
                     shutil.rmtree(path, ignore_errors=True)
                 if not path.exists():
                     store.forget_created(run["id"], path)
-            console.print(f"marked {escape(str(folder))} interrupted (its process was gone) and removed its swap "
-                          "folders")
+            console.print(
+                f"marked {escape(str(folder))} interrupted (its process was gone) and removed its swap folders"
+            )
         except (LookupError, sqlite3.Error):
             continue
         finally:
             store.close()
 
 
-def run_spec(spec: RunSpec, out: Path | None, launch: Launch, console: Console, keep_checkpoints: bool = False,
-             force: bool = False) -> Path:
+def run_spec(
+    spec: RunSpec,
+    out: Path | None,
+    launch: Launch,
+    console: Console,
+    keep_checkpoints: bool = False,
+    force: bool = False,
+) -> Path:
     run_dir = new_run_dir(spec, out)
     preflight_run(spec, run_dir.root)
     check_fits(spec, console, force)

@@ -59,6 +59,10 @@ def read_diskstats(path: Path = DISKSTATS) -> dict[str, DiskCounters]:
         fields = line.split()
         if len(fields) < 10:
             continue
-        out[fields[2]] = DiskCounters(reads=int(fields[3]), read_bytes=int(fields[5]) * SECTOR_BYTES,
-                                      writes=int(fields[7]), write_bytes=int(fields[9]) * SECTOR_BYTES)
+        out[fields[2]] = DiskCounters(
+            reads=int(fields[3]),
+            read_bytes=int(fields[5]) * SECTOR_BYTES,
+            writes=int(fields[7]),
+            write_bytes=int(fields[9]) * SECTOR_BYTES,
+        )
     return out

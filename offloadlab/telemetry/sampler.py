@@ -4,8 +4,8 @@ strategy trains, on the same clock (time.time) as step and phase events.
 `SamplerProcess` starts the sampling loop (`Sampler`, on a thread) in a process of its own: a thread in
 the training process would share its GIL (psutil, /proc reads and SQLite inserts are Python) with a
 training loop that is often launch-bound. On an H200 (bench/results/2026-12-02-h200-s3, launch-bound FSDP2
-step, ±6% from block to block) a thread there cost +7.0% over 10 sampled blocks, the side process +0.3%. NVML's PCIe throughput getter blocks
-~20 ms per call wherever it runs.
+step, ±6% from block to block) a thread there cost +7.0% over 10 sampled blocks, the side process +0.3%.
+NVML's PCIe throughput getter blocks ~20 ms per call wherever it runs.
 Each NVML getter is read on its own: a field the GPU does not support is recorded as absent, never the
 whole sample.
 
@@ -28,8 +28,8 @@ from typing import Callable, Protocol
 
 import psutil
 
-from offloadlab.telemetry.block_devices import BlockDevices, read_diskstats, resolve_block_devices
 from offloadlab.results.store import RunStore
+from offloadlab.telemetry.block_devices import BlockDevices, read_diskstats, resolve_block_devices
 
 GPU_FIELDS = ("util(%)", "mem_used(B)", "pcie_tx(B/s)", "pcie_rx(B/s)", "power(W)", "temp(C)")
 
@@ -67,14 +67,20 @@ class NvmlReader:
         nv = self.nvml
         out = []
         for h in self.handles:
-            out.append({
-                "util(%)": self._field(lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu),
-                "mem_used(B)": self._field(lambda: nv.nvmlDeviceGetMemoryInfo(h).used),
-                "pcie_tx(B/s)": self._field(lambda: 1024 * nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES)),
-                "pcie_rx(B/s)": self._field(lambda: 1024 * nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES)),
-                "power(W)": self._field(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
-                "temp(C)": self._field(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-            })
+            out.append(
+                {
+                    "util(%)": self._field(lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu),
+                    "mem_used(B)": self._field(lambda: nv.nvmlDeviceGetMemoryInfo(h).used),
+                    "pcie_tx(B/s)": self._field(
+                        lambda: 1024 * nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES)
+                    ),
+                    "pcie_rx(B/s)": self._field(
+                        lambda: 1024 * nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES)
+                    ),
+                    "power(W)": self._field(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                    "temp(C)": self._field(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                }
+            )
         return out
 
 
@@ -89,8 +95,16 @@ class Sampler:
     """The sampling loop of `SamplerProcess`'s child (`with Sampler(...)`); it flushes samples to the store
     in batches. This process only samples: its own RSS is not counted as the training's."""
 
-    def __init__(self, run_dir: Path, strategy_id: int, hz: float = 10.0, nvme_path: Path | None = None,
-                 root_pid: int | None = None, gpu_reader: GpuReader | None | str = "nvml", flush_every_s: float = 1.0):
+    def __init__(
+        self,
+        run_dir: Path,
+        strategy_id: int,
+        hz: float = 10.0,
+        nvme_path: Path | None = None,
+        root_pid: int | None = None,
+        gpu_reader: GpuReader | None | str = "nvml",
+        flush_every_s: float = 1.0,
+    ):
         self.run_dir, self.strategy_id, self.period = run_dir, strategy_id, 1.0 / hz
         self.root = psutil.Process(root_pid or os.getpid())
         self.flush_every_s = flush_every_s
@@ -160,8 +174,12 @@ class Sampler:
             except psutil.Error:
                 continue  # a child that just exited
         memory, swap = psutil.virtual_memory(), psutil.swap_memory()
-        return [(t, "host", "host.cpu(%)", psutil.cpu_percent(interval=None)), (t, "host", "host.rss_tree(B)", float(rss)),
-                (t, "host", "host.available(B)", float(memory.available)), (t, "host", "host.swap_used(B)", float(swap.used))]
+        return [
+            (t, "host", "host.cpu(%)", psutil.cpu_percent(interval=None)),
+            (t, "host", "host.rss_tree(B)", float(rss)),
+            (t, "host", "host.available(B)", float(memory.available)),
+            (t, "host", "host.swap_used(B)", float(swap.used)),
+        ]
 
     def _disk(self, t: float) -> list[tuple]:
         if self.disk is None:
@@ -175,10 +193,14 @@ class Sampler:
                 continue
             prefix = "disk" if name == self.disk.devices.primary else f"disk.{name}"
             read, written = after.read_bytes - before.read_bytes, after.write_bytes - before.write_bytes
-            rows += [(t, "disk", f"{prefix}.read_bytes(B)", float(read)), (t, "disk", f"{prefix}.write_bytes(B)", float(written)),
-                     (t, "disk", f"{prefix}.read(B/s)", read / dt), (t, "disk", f"{prefix}.write(B/s)", written / dt),
-                     (t, "disk", f"{prefix}.read_iops", (after.reads - before.reads) / dt),
-                     (t, "disk", f"{prefix}.write_iops", (after.writes - before.writes) / dt)]
+            rows += [
+                (t, "disk", f"{prefix}.read_bytes(B)", float(read)),
+                (t, "disk", f"{prefix}.write_bytes(B)", float(written)),
+                (t, "disk", f"{prefix}.read(B/s)", read / dt),
+                (t, "disk", f"{prefix}.write(B/s)", written / dt),
+                (t, "disk", f"{prefix}.read_iops", (after.reads - before.reads) / dt),
+                (t, "disk", f"{prefix}.write_iops", (after.writes - before.writes) / dt),
+            ]
         self.disk.last, self.disk.t = now, t
         return rows
 
@@ -189,11 +211,29 @@ READY = "sampling"
 class SamplerProcess:
     """`Sampler` in a child process (`with SamplerProcess(...)`): nothing it does takes the trainer's GIL."""
 
-    def __init__(self, run_dir: Path, strategy_id: int, hz: float = 10.0, nvme_path: Path | None = None,
-                 root_pid: int | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        strategy_id: int,
+        hz: float = 10.0,
+        nvme_path: Path | None = None,
+        root_pid: int | None = None,
+    ):
         # -P: the current folder is not searched, so no `offloadlab/` there is imported instead of ours.
-        self.cmd = [sys.executable, "-P", "-m", "offloadlab.telemetry.sampler", "--run-dir", str(run_dir), "--strategy-id",
-                    str(strategy_id), "--hz", str(hz), "--root-pid", str(root_pid or os.getpid())]
+        self.cmd = [
+            sys.executable,
+            "-P",
+            "-m",
+            "offloadlab.telemetry.sampler",
+            "--run-dir",
+            str(run_dir),
+            "--strategy-id",
+            str(strategy_id),
+            "--hz",
+            str(hz),
+            "--root-pid",
+            str(root_pid or os.getpid()),
+        ]
         if nvme_path is not None:
             self.cmd += ["--nvme-path", str(nvme_path)]
         self.proc: subprocess.Popen | None = None

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import torch
 
+from offloadlab.engines.base import Engine
 from offloadlab.results.figures import tokens_per_s
+from offloadlab.results.store import RunStore, StepRecord
+from offloadlab.spec import RunSpec
 from offloadlab.telemetry import probes
 from offloadlab.train.checkpoint import save_atomic
 from offloadlab.train.comm_meter import CommMeter
 from offloadlab.workload.data import TokenSource
-from offloadlab.engines.base import Engine
-from offloadlab.spec import RunSpec
-from offloadlab.results.store import RunStore, StepRecord
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,15 @@ def run_steps(
             phase=window.phase,
         )
         store.add_step(strategy_id, ctx.rank, record)
-        store.add_events(strategy_id, ctx.rank, [(step, kind, t0, t1, None) for kind, t0, t1 in engine.phase.drain()] + [
-            (step, f"comm.{kind}", t_start, t_end, json.dumps({**asdict(totals), "phase": window.phase}))
-            for kind, totals in comm.drain().items()])
+        store.add_events(
+            strategy_id,
+            ctx.rank,
+            [(step, kind, t0, t1, None) for kind, t0, t1 in engine.phase.drain()]
+            + [
+                (step, f"comm.{kind}", t_start, t_end, json.dumps({**asdict(totals), "phase": window.phase}))
+                for kind, totals in comm.drain().items()
+            ],
+        )
         records.append(record)
         if checkpoint_root is not None and step == spec.save_step:
             t0 = time.time()

@@ -24,18 +24,19 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from offloadlab.engines import DistContext, Engine, build_engine, engine_class
+from offloadlab.results.figures import MODEL_FACTS_EVENT, ModelFacts
+from offloadlab.results.rundir import RunDir
+from offloadlab.results.status import Status
+from offloadlab.results.store import RunStore
+from offloadlab.spec import RunSpec, parse_spec
+from offloadlab.telemetry.probes import device_name
+from offloadlab.telemetry.sampler import SamplerProcess
 from offloadlab.train.checkpoint import restore_and_check
 from offloadlab.train.comm_meter import CommMeter
-from offloadlab.workload.data import TokenSource
-from offloadlab.engines import DistContext, build_engine
-from offloadlab.results.figures import MODEL_FACTS_EVENT, ModelFacts
-from offloadlab.telemetry.probes import device_name
-from offloadlab.workload.model import gpt_config, hf_config_folder, model_numbers
-from offloadlab.results.rundir import RunDir
-from offloadlab.spec import RunSpec, parse_spec
-from offloadlab.results.store import RunStore
-from offloadlab.telemetry.sampler import SamplerProcess
 from offloadlab.train.trainer import StepWindow, run_steps
+from offloadlab.workload.data import TokenSource
+from offloadlab.workload.model import gpt_config, hf_config_folder, model_numbers
 
 # Two losses of the same step agree to this relative tolerance after a restore (float reductions may be
 # reordered by a rebuilt engine; a wrong restore moves the loss by far more). At another world size the
@@ -44,18 +45,19 @@ LOSS_RTOL = 1e-5
 LOSS_RTOL_OTHER_WORLD = 1e-4
 
 
-def classify_failure(exc: BaseException) -> tuple[str, str]:
-    """(status, reason) for the run store: 'does_not_fit' when memory, buffers or disk ran out."""
+def classify_failure(exc: BaseException, engine: type[Engine]) -> tuple[Status, str]:
+    """(status, reason) for the run store: does not fit when memory, swap buffers or disk ran out."""
+    own = engine.failure_reason(exc)
+    if own is not None:
+        return own
     text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
     if isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) or "DefaultCPUAllocator" in str(exc):
-        return "does_not_fit", f"host RAM exhausted: {text}"
-    if "out of memory" in str(exc).lower():
-        return "does_not_fit", f"GPU memory exhausted: {text}"
-    if "Not enough buffers" in str(exc):
-        return "does_not_fit", f"NVMe swap buffers too few ({text}); raise buffer_count or lower stage3_max_live_parameters"
+        return Status.DOES_NOT_FIT, f"host RAM exhausted: {text}"
+    if "out of memory" in str(exc).lower():  # torch.OutOfMemoryError, and CUDA's own message
+        return Status.DOES_NOT_FIT, f"GPU memory exhausted: {text}"
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "database or disk is full" in str(exc):
-        return "does_not_fit", f"disk full: {text}"
-    return "failed", text
+        return Status.DOES_NOT_FIT, f"disk full: {text}"
+    return Status.FAILED, text
 
 
 def vocab_size(spec: RunSpec) -> int:
@@ -77,8 +79,15 @@ def sampler_for(spec: RunSpec, ctx: DistContext, run_dir: Path, strategy_id: int
 
 def record_model_facts(store: RunStore, strategy_id: int, spec: RunSpec, engine) -> None:
     n_params, n_layers, d_model = model_numbers(engine.module)
-    facts = ModelFacts(n_params, n_layers, d_model, spec.seq_len, spec.precision, device_name(engine.ctx.device),
-                       engine.ctx.world_size)
+    facts = ModelFacts(
+        n_params,
+        n_layers,
+        d_model,
+        spec.seq_len,
+        spec.precision,
+        device_name(engine.ctx.device),
+        engine.ctx.world_size,
+    )
     now = time.time()
     store.add_events(strategy_id, 0, [(None, MODEL_FACTS_EVENT, now, now, json.dumps(asdict(facts)))])
 
@@ -98,7 +107,9 @@ def _verify(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
     """Restore at the world size torchrun gave; at another one than the run's, the same effective batch."""
     other_world = ctx.world_size != spec.nproc
     if other_world:
-        spec = spec.model_copy(update={"grad_accum": spec.grad_accum * spec.nproc // ctx.world_size, "nproc": ctx.world_size})
+        spec = spec.model_copy(
+            update={"grad_accum": spec.grad_accum * spec.nproc // ctx.world_size, "nproc": ctx.world_size}
+        )
     engine = build_engine(spec, strategy, ctx, nvme_dir)
     source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
     layout = RunDir.at(run_dir)
@@ -121,8 +132,11 @@ def _verify(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
         parts.append("differing: " + ", ".join(check.mismatched[:5]) + (" ..." if len(check.mismatched) > 5 else ""))
     if other_world:  # a second check beside the one at the run's own world size
         row = store.strategy(strategy_id)
-        store.set_checkpoint_result(strategy_id, bool(row["checkpoint_verified"]) and check.ok and loss_ok,
-                                    f"{row['checkpoint_detail']} | restored at world size {ctx.world_size}: " + "; ".join(parts))
+        store.set_checkpoint_result(
+            strategy_id,
+            bool(row["checkpoint_verified"]) and check.ok and loss_ok,
+            f"{row['checkpoint_detail']} | restored at world size {ctx.world_size}: " + "; ".join(parts),
+        )
         return
     store.set_checkpoint_result(strategy_id, check.ok and loss_ok, "; ".join(parts))
 
@@ -132,6 +146,7 @@ def watch_the_run(run_dir: RunDir, period_s: float = 1.0) -> None:
     sessions of their own, so nothing else would stop them training to the last step. Its sampler follows
     (its stdin closes) and so does torchrun (its ranks exited); the next `run` beside this one marks the
     run interrupted and removes the swap folder."""
+
     def watch() -> None:
         while run_dir.is_live():
             time.sleep(period_s)
@@ -158,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     # Before any engine is built: DeepSpeed binds torch.distributed's functions when it starts.
     CommMeter.install()
     try:
-        (_train if args.mode == "train" else _verify)(spec, strategy, ctx, store, strategy_id, args.run_dir, args.nvme_dir)
+        (_train if args.mode == "train" else _verify)(
+            spec, strategy, ctx, store, strategy_id, args.run_dir, args.nvme_dir
+        )
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then re-raised as an exit code
-        status, reason = classify_failure(exc)
+        status, reason = classify_failure(exc, engine_class(strategy))
         if args.mode == "verify":
             store.set_checkpoint_result(strategy_id, False, f"restore failed: {reason}")
         else:

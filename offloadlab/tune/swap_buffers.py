@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from offloadlab.workload.model import build_model
 from offloadlab.checks.host import DIRECT_IO_ALIGNMENT as ALIGNMENT
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
+from offloadlab.workload.model import build_model
 
 MIN_SWAPPED_BYTES = 1 << 20  # DeepSpeed keeps smaller parameters in RAM (MIN_AIO_BYTES)
 SAFETY_BUFFERS = 2  # the embedding and head are fetched outside the block order

@@ -27,9 +27,13 @@ class TokenSource:
         self.tokens = _load_tokens(spec) if spec.kind != "synthetic" else None
         if self.tokens is not None:
             if len(self.tokens) < seq_len + 2:
-                raise SpecError(f"data.path {spec.path} holds {len(self.tokens)} tokens; seq_len + 2 = {seq_len + 2} needed")
+                raise SpecError(
+                    f"data.path {spec.path} holds {len(self.tokens)} tokens; seq_len + 2 = {seq_len + 2} needed"
+                )
             if int(self.tokens.max()) >= vocab_size:
-                raise SpecError(f"data.path {spec.path} has token id {int(self.tokens.max())} >= vocab_size {vocab_size}")
+                raise SpecError(
+                    f"data.path {spec.path} has token id {int(self.tokens.max())} >= vocab_size {vocab_size}"
+                )
 
     def sample(self, index: int) -> torch.Tensor:
         """seq_len + 1 tokens for one global sample index."""

@@ -29,9 +29,23 @@ class GPTConfig:
     mlp_ratio: int = 4
 
     def param_numels(self) -> list[int]:
-        """Elements of each parameter tensor, in the model's order (the planner needs their sizes, not just the sum)."""
+        """Elements of each parameter tensor, in the model's order (the planner needs their sizes, not just
+        the sum)."""
         d, r, v = self.d_model, self.mlp_ratio, self.vocab_size
-        block = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, r * d * d, r * d, r * d * d, d]  # ln, qkv, proj, ln, fc, fc_out
+        block = [
+            d,
+            d,
+            3 * d * d,
+            3 * d,
+            d * d,
+            d,
+            d,
+            d,
+            r * d * d,
+            r * d,
+            r * d * d,
+            d,
+        ]  # ln, qkv, proj, ln, fc, fc_out
         return [v * d, self.max_seq_len * d, *block * self.n_layers, d, d, v * d]
 
     @property
@@ -177,3 +191,6 @@ def model_numbers(model: nn.Module) -> tuple[int, int, int]:
     inner = model.inner.config
     return n_params, len(model.blocks), int(getattr(inner, "hidden_size", getattr(inner, "n_embd", 0)))
 
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))

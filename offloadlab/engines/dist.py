@@ -1,0 +1,42 @@
+"""This rank's place in the job (torchrun's variables) and the one collective the adapters share."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @classmethod
+    def from_env(cls) -> "DistContext":
+        """Read torchrun's variables; pick this rank's GPU, or the CPU where there is none."""
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local_rank)
+            device = torch.device("cuda", local_rank)
+        else:
+            device = torch.device("cpu")
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), local_rank, device)
+
+    @property
+    def backend(self) -> str:
+        # CPU-offloaded FSDP2 gradients are clipped on the CPU, so a GPU run needs gloo beside NCCL.
+        return "cuda:nccl,cpu:gloo" if self.device.type == "cuda" else "gloo"
+
+
+def global_mean(value: float, ctx: DistContext) -> float:
+    """The mean over ranks of a per-rank scalar (gloo has no AVG, so sum and divide)."""
+    if ctx.world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t)
+    return t.item() / ctx.world_size

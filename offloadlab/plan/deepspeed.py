@@ -1,0 +1,283 @@
+"""The planner's model of DeepSpeed ZeRO 1/2/3 with optimizer and parameter offload (ZeRO-Infinity).
+
+Model states follow the ZeRO paper's accounting, in the precisions the two engines really keep:
+- DeepSpeed, bf16: 16-bit parameters and gradients (2 + 2 bytes), and for the optimizer an fp32 master,
+  an fp32 gradient partition and Adam's m and v (4 + 4 + 8). fp32: 4-byte parameters and gradients,
+  Adam 8, no master copy. ZeRO-1 partitions the optimizer, ZeRO-2 also the gradients, ZeRO-3 also the
+  parameters; ZeRO-3 additionally holds the layer being gathered (16-bit parameter + gradient, DeepSpeed's
+  own `largest_layer_memory`).
+- FSDP2: fp32 sharded parameters and gradients (reduce in fp32) and Adam m, v on the shard: 16 bytes a
+  parameter / N, plus the 16-bit copy of the block being gathered (MixedPrecisionPolicy). The gradients
+  exist only from backward to zero_grad, so the GPU peaks either at the forward/backward turn (activations)
+  or in the optimizer step (gradients and AdamW's foreach temporary): `Memory.gpu_turn` / `gpu_step`.
+`tests/test_plan.py` checks these against DeepSpeed's `estimate_zero2/zero3_model_states_mem_needs`.
+DeepSpeed's GPU also holds its gradient reduce buckets (1 GB for ZeRO-3 in bf16, 2 GB for ZeRO-1/2), which
+its estimators leave out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from offloadlab.plan.accounting import Links, Memory, Placement, Shape, SwapBuffers, loss_bytes
+
+# DeepSpeed's NVMe optimizer swapper keeps this many fp32 sub-group buffers pinned (optimizer_buffer_count
+# in the config is their number); their size is the largest sub-group (see deepspeed_sub_groups).
+DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000
+# DeepSpeed's default reduce_bucket_size (offloadlab leaves it alone), in elements of the model's dtype.
+DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
+
+
+@dataclass(frozen=True)
+class ModelStateBytes:
+    """Bytes per parameter of each model state DeepSpeed keeps."""
+
+    param: int
+    """The model's dtype: 2 for bf16, 4 for fp32."""
+    grad: int
+    optimizer: int = 16
+    """fp32 master partition, fp32 gradient partition, Adam m and v (DeepSpeed keeps the fp32 copies in
+    fp32 training too)."""
+
+    @classmethod
+    def deepspeed(cls, param_bytes: int) -> "ModelStateBytes":
+        return cls(param=param_bytes, grad=param_bytes)
+
+
+def _place_of(device: str) -> str:
+    return {"none": "gpu", "cpu": "host_pinned", "nvme": "nvme"}[device]
+
+
+def sub_groups(shape: Shape, world: int) -> list[int]:
+    """A rank's ZeRO-3 sub-groups in elements, as DeepSpeed forms them (stage3._create_fp16_sub_groups):
+    parameter partitions, in the model's order, collected until a group reaches sub_group_size."""
+    partitions = [math.ceil(numel / world) for numel in shape.param_numels]
+    if sum(partitions) <= DEEPSPEED_SUB_GROUP_SIZE:
+        return [sum(partitions)]
+    groups, current = [], 0
+    for numel in partitions:
+        current += numel
+        if current >= DEEPSPEED_SUB_GROUP_SIZE:
+            groups, current = groups + [current], 0
+    return groups + ([current] if current else [])
+
+
+def host_optimizer_share(p: Placement, shape: Shape, world: int) -> float:
+    """The share of a rank's optimizer DeepSpeed keeps and updates off the GPU. With ratio < 1 it assigns
+    whole sub-groups: sub-group i goes to the CPU when i >= int((1 - ratio) * count) (stage3's
+    subgroup_to_device), so the share is coarser than the ratio (an 8B GPT's 8 sub-groups at ratio 0.3
+    put 3 of 8 on the CPU)."""
+    if p.strategy.offload_optimizer == "none":
+        return 0.0
+    if p.strategy.ratio >= 1.0 or p.strategy.zero_stage != 3:
+        return 1.0
+    groups = sub_groups(shape, world)
+    return sum(groups[int((1 - p.strategy.ratio) * len(groups)) :]) / sum(groups)
+
+
+def params_kept_at_turn(p: Placement, shape: Shape) -> float:
+    """Gathered parameter elements ZeRO-3 keeps from the end of forward into backward: a module's
+    parameters are not released when they are used again within stage3_max_reuse_distance elements
+    (partitioned_param_coordinator.__params_to_release), and at most stage3_max_live_parameters are live.
+    They sit on the GPU at the activation peak and are not fetched again for backward. (H200, 1.42B: the
+    NVMe run with both at 2e8 read 0.38 GB = 192M parameters less than two full fetches; the CPU-offload run
+    with the defaults, 1e9, peaked 1.6 GiB above the same prediction without this term.)"""
+    if p.strategy.zero_stage != 3:
+        return 0.0
+    return float(min(p.strategy.stage3_max_reuse_distance, p.strategy.stage3_max_live_parameters, shape.n_params))
+
+
+def params_on_nvme(p: Placement, shape: Shape, world: int) -> float:
+    """Parameter elements DeepSpeed really keeps on NVMe, all ranks.
+
+    DeepSpeed pins a max_in_cpu buffer but gives a sub-group a place in it only if the whole sub-group fits
+    in what is left (stage3._create_fp16_partitions_with_defragmentation). Sub-groups are filled to at least
+    sub_group_size, so with the defaults (both 1e9) a rank with more than 1e9 elements keeps none of them in
+    RAM: a 1.42B GPT puts all its parameters on NVMe (measured on an H200: 25.50 GB written per step,
+    0.004% from this).
+    """
+    if p.strategy.offload_param != "nvme":
+        return 0.0
+    room = max(
+        1, min(math.ceil(shape.n_params / world), p.strategy.max_in_cpu)
+    )  # DeepSpeed's empty buffer has 1 element
+    used, on_disk = 0, 0
+    for group in sub_groups(shape, world):
+        if used + group > room:
+            on_disk += group
+        used += group
+    return on_disk * world
+
+
+def model_states(p: Placement, shape: Shape, world: int) -> Memory:
+    """Parameters, gradients and optimizer states of one rank (NVMe: of the host, all its ranks)."""
+    m, n, b = Memory(), shape.n_params, ModelStateBytes.deepspeed(shape.param_bytes)
+    params_here = n / world if p.strategy.zero_stage == 3 else n
+    if p.strategy.offload_param == "nvme":
+        m.add("host_pinned", "parameters (max_in_cpu)", b.param * min(params_here, p.strategy.max_in_cpu))
+        m.add("nvme", "parameters", b.param * params_on_nvme(p, shape, world))
+    else:
+        m.add(_place_of(p.strategy.offload_param), "parameters", b.param * params_here)
+    if p.strategy.zero_stage == 3:
+        # The layer being gathered: its 16-bit parameters and their gradients (DeepSpeed's largest_layer_memory).
+        m.add("gpu", "gathered layer", (b.param + b.grad) * shape.largest_param_numel)
+        m.add("gpu", "parameters kept for reuse", b.param * params_kept_at_turn(p, shape))
+    if p.strategy.offload_optimizer == "none" and p.strategy.zero_stage < 3:
+        m.add("gpu", "gradients", b.grad * (n if p.strategy.zero_stage == 1 else n / world))
+    # ZeRO-3 reduces gradients straight into the optimizer's fp32 partition, and with the optimizer
+    # offloaded they stream to it as they are reduced: either way they are in `optimizer`.
+    optimizer = b.optimizer * n / world
+    if p.strategy.offload_optimizer == "none":
+        m.add("gpu", "optimizer states", optimizer)
+    else:
+        # ratio < 1 keeps the rest on the GPU (DeepSpeed's partial optimizer offload), updated there by a
+        # torch AdamW whose foreach step adds a temporary of one sub-group's fp32 size.
+        share = host_optimizer_share(p, shape, world)
+        m.add(
+            _place_of(p.strategy.offload_optimizer),
+            "optimizer states",
+            optimizer * share * (world if p.strategy.offload_optimizer == "nvme" else 1),
+        )
+        if share < 1.0:
+            m.add("gpu", "optimizer states", optimizer * (1 - share))
+            m.add("gpu_step", "AdamW's temporary (one sub-group)", 4 * max(sub_groups(shape, world)))
+    return m
+
+
+def reduce_bucket_bytes(p: Placement, shape: Shape, on_gpu: bool) -> float:
+    """DeepSpeed's gradient reduce buckets on the device: one of reduce_bucket_size elements for ZeRO-3
+    (stage3's ipg bucket), two for ZeRO-1/2 with overlap_comm (stage_1_and_2.setup_buckets), in the model's
+    dtype. They are allocated whole, whatever the model's size; on a CPU device only the pages gradients pass
+    through are resident."""
+    count = 1 if p.strategy.zero_stage == 3 else 2
+    elements = count * DEEPSPEED_REDUCE_BUCKET_SIZE
+    allocated = shape.param_bytes * (elements if on_gpu else min(elements, shape.n_params))
+    if p.strategy.zero_stage == 3:
+        return allocated  # allocated at initialize, held throughout
+    # ZeRO-1/2 allocate theirs at the first gradient and free them after the step (_release_ipg_buffers):
+    # in backward, where the loss's logits are already freed, so only what exceeds those adds to the peak.
+    return max(0.0, allocated - loss_bytes(shape))
+
+
+def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, on_gpu: bool) -> Memory:
+    """Model states, reduce buckets, pinned gradient and swap buffers of one rank (NVMe: of the host)."""
+    m = model_states(p, shape, world)
+    m.add("gpu", "gradient reduce buckets", reduce_bucket_bytes(p, shape, on_gpu))
+    if p.strategy.zero_stage == 3 and p.strategy.offload_optimizer == "nvme":
+        # ZeRO-3 reduces 16-bit gradients into a pinned buffer of the whole partition, which stays in RAM
+        # while the optimizer states are on NVMe (stage3's grad_partitions_flat_buffer).
+        m.add("host_pinned", "gradient partitions (16-bit)", shape.param_bytes * math.ceil(shape.n_params / world))
+    # ZeRO-1/2 build the fp32 model on the CPU first; ZeRO-3's zero.Init partitions it at construction.
+    m.host_build_bytes = 0 if p.strategy.zero_stage == 3 else 4 * shape.n_params
+    if buffers is not None:
+        if p.strategy.offload_param == "nvme":
+            m.add(
+                "host_pinned",
+                "parameter swap buffers",
+                buffers.param_buffer_count * buffers.param_buffer_size * shape.param_bytes,
+            )
+        if p.strategy.offload_optimizer == "nvme":
+            sub_group = max(sub_groups(shape, world))
+            m.add("host_pinned", "optimizer swap buffers", buffers.optimizer_buffer_count * sub_group * 4)
+    return m
+
+
+def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
+    """Bytes per optimizer step over each link: NVMe (per host), PCIe (per rank)."""
+    n, k, b = shape.n_params, shape.grad_accum, shape.param_bytes
+    out = {"nvme_read": 0.0, "nvme_write": 0.0, "pcie_h2d": 0.0, "pcie_d2h": 0.0}
+    if p.strategy.offload_param != "none":
+        # Each micro-batch fetches every parameter for forward and again for backward, but those kept
+        # across the turn.
+        out["pcie_h2d"] += k * b * (2 * n - params_kept_at_turn(p, shape)) / world
+        out["nvme_read"] += param_nvme_read_bytes(p, shape, world)
+        out["nvme_write"] += b * params_on_nvme(p, shape, world)  # the updated 16-bit parameters
+    if p.strategy.offload_optimizer != "none":
+        # Gradients, every micro-batch: ZeRO-3 copies them 16-bit into a pinned buffer, ZeRO-1/2 convert
+        # them to fp32 on the GPU first (stage_1_and_2.async_inplace_copy_grad_to_fp32_buffer_from_gpu).
+        grad_bytes = b if p.strategy.zero_stage == 3 else 4
+        share = host_optimizer_share(p, shape, world)
+        out["pcie_d2h"] += k * grad_bytes * n / world * share
+        out["pcie_h2d"] += param_upload_bytes(p, shape, world)
+        if p.strategy.offload_optimizer == "nvme":
+            swapped = optimizer_swap_bytes(p, shape, world) * share
+            out["nvme_read"] += swapped
+            out["nvme_write"] += swapped
+    return out
+
+
+def param_upload_bytes(p: Placement, shape: Shape, world: int) -> float:
+    """The updated 16-bit parameters copied back to the GPU after a CPU or NVMe optimizer step, when the
+    parameters live on the GPU (with ratio < 1, only the host's share)."""
+    if p.strategy.offload_optimizer == "none" or p.strategy.offload_param != "none":
+        return 0.0
+    return host_optimizer_share(p, shape, world) * shape.param_bytes * shape.n_params / world
+
+
+def param_nvme_read_bytes(p: Placement, shape: Shape, world: int) -> float:
+    """Parameters read from NVMe per step, all ranks: for forward and again for backward, every micro-batch,
+    except those kept across the forward/backward turn."""
+    on_nvme = params_on_nvme(p, shape, world)
+    return shape.grad_accum * shape.param_bytes * (2 * on_nvme - min(params_kept_at_turn(p, shape), on_nvme))
+
+
+def optimizer_swap_bytes(p: Placement, shape: Shape, world: int) -> float:
+    """Bytes the NVMe optimizer swapper reads (and writes) per step, all ranks.
+
+    DeepSpeed swaps a sub-group's fp32 master, m and v as flat tensors, and each parameter's fp32 gradient
+    on its own, but only tensors of at least max(1 MiB, aio block_size) (optimizer_utils.is_swappable_tensor):
+    smaller ones stay in memory.
+    """
+    min_bytes = max(1 << 20, p.strategy.aio.block_size)
+    states = sum(12 * g for g in sub_groups(shape, world) if 4 * g >= min_bytes)
+    grads = sum(4 * numel / world for numel in shape.param_numels if 4 * numel / world >= min_bytes)
+    return (states + grads) * world
+
+
+def optimizer_phase(
+    p: Placement, shape: Shape, world: int, links: Links, swap_read: float, swap_write: float
+) -> dict[str, float]:
+    """Seconds of each part of the optimizer step, by where the optimizer states live."""
+    on_rank = shape.n_params / world
+    if p.strategy.offload_optimizer == "none":
+        return (
+            {"device_adam": on_rank / links.device_fused_adam_params_per_s}
+            if links.device_fused_adam_params_per_s
+            else {}
+        )
+    on_host = host_optimizer_share(p, shape, world) * on_rank
+    out = {"cpu_adam": on_host / links.cpu_adam_params_per_s, "host_passes": on_host / links.host_passes_params_per_s}
+    if on_host < on_rank and links.device_adam_params_per_s:
+        # The GPU's sub-groups are updated in the same loop, one sub-group after another, by torch's AdamW.
+        out["device_adam"] = (on_rank - on_host) / links.device_adam_params_per_s
+    if p.strategy.offload_optimizer == "nvme":
+        out["nvme_optimizer"] = swap_read / links.nvme_read + swap_write / links.nvme_write
+    upload = param_upload_bytes(p, shape, world)
+    if upload and links.pcie_h2d:
+        out["param_upload"] = upload / links.pcie_h2d
+    return out
+
+
+def when_host_ram_binds(p: Placement) -> list[Placement]:
+    """DeepSpeed keeps up to max_in_cpu parameter elements pinned in RAM even "on NVMe": put them all there."""
+    return [p.varied(f"{p.name}-max_in_cpu0", max_in_cpu=0)] if p.strategy.offload_param == "nvme" else []
+
+
+def partial_offloads(p: Placement, shape: Shape, world: int, spare_gpu_bytes: float) -> list[Placement]:
+    """ZeRO-3 with the optimizer on the CPU, but only the share (ratio) that does not fit in the GPU's spare
+    bytes: the candidate ratios, smallest first. DeepSpeed moves whole sub-groups (host_optimizer_share), so
+    the first tenth that covers the need may still keep too much on the GPU: the next ones up follow."""
+    if (
+        p.strategy.zero_stage != 3
+        or p.strategy.offload_optimizer != "cpu"
+        or p.strategy.offload_param != "none"
+        or p.activation_checkpointing
+    ):
+        return []
+    optimizer_bytes = ModelStateBytes.deepspeed(shape.param_bytes).optimizer * shape.n_params / world
+    keep_share = min(1.0, spare_gpu_bytes / optimizer_bytes) if optimizer_bytes else 0.0
+    return [
+        p.varied(f"zero3-opt-cpu-ratio{tenths / 10:g}", ratio=tenths / 10)
+        for tenths in range(max(1, math.ceil((1 - keep_share) * 10)), 10)
+    ]
