@@ -32,20 +32,8 @@ class GPTConfig:
         """Elements of each parameter tensor, in the model's order (the planner needs their sizes, not just
         the sum)."""
         d, r, v = self.d_model, self.mlp_ratio, self.vocab_size
-        block = [
-            d,
-            d,
-            3 * d * d,
-            3 * d,
-            d * d,
-            d,
-            d,
-            d,
-            r * d * d,
-            r * d,
-            r * d * d,
-            d,
-        ]  # ln, qkv, proj, ln, fc, fc_out
+        ln, qkv, proj, fc, fc_out = [d, d], [3 * d * d, 3 * d], [d * d, d], [r * d * d, r * d], [r * d * d, d]
+        block = [*ln, *qkv, *proj, *ln, *fc, *fc_out]
         return [v * d, self.max_seq_len * d, *block * self.n_layers, d, d, v * d]
 
     @property
