@@ -31,8 +31,8 @@ from offloadlab.engines import DistContext, build_engine
 from offloadlab.results.store import RunStore
 from offloadlab.spec import load_spec
 from offloadlab.telemetry.sampler import SamplerProcess
-from offloadlab.train.worker import vocab_size
 from offloadlab.workload.data import TokenSource
+from offloadlab.workload.model import vocab_size
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
         store = RunStore(run_dir, create_schema=True)
         strategy_id = store.add_strategy(store.add_run("overhead", ""), strategy.name, strategy.engine, {}, 0)
         engine = build_engine(spec, strategy, ctx, nvme_dir)
-        source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
+        source = TokenSource(spec.data, vocab_size(spec.model, spec.seq_len), spec.seq_len, spec.seed)
         arms = ["process"]
         times: dict[str, list[float]] = {arm: [] for arm in ["off", *arms]}
         step = 0
@@ -96,9 +96,8 @@ def main() -> None:
         )
         engine.close()
     off = statistics.median(times["off"])
-    table = Table(
-        title=f"telemetry overhead: {strategy.name}, {spec.model.preset or spec.model.hf_config}, {args.hz:g} Hz"
-    )
+    model = spec.model.preset or spec.model.hf_model or spec.model.hf_config
+    table = Table(title=f"telemetry overhead: {strategy.name}, {model}, {args.hz:g} Hz")
     for col in (
         "sampler",
         "steps",

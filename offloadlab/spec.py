@@ -44,8 +44,10 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     preset: str | None = None
     """A built-in GPT preset name (see `offloadlab.model.PRESETS`), e.g. "tiny" or "gpt-1.4b"."""
+    hf_model: Path | None = None
+    """A local Hugging Face checkpoint folder (config.json + *.safetensors): trained from its weights."""
     hf_config: Path | None = None
-    """A local Hugging Face `config.json` (or its folder); built with random weights, needs transformers."""
+    """A local Hugging Face `config.json` (or its folder): the same model with random weights (seeded)."""
     d_model: int | None = Field(default=None, gt=0)
     """Override or define the hidden size."""
     n_layers: int | None = Field(default=None, gt=0)
@@ -57,11 +59,18 @@ class ModelSpec(_Strict):
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
         explicit = all(v is not None for v in (self.d_model, self.n_layers, self.n_heads, self.vocab_size))
-        if self.preset is None and self.hf_config is None and not explicit:
-            raise ValueError("set model.preset, model.hf_config, or all of d_model/n_layers/n_heads/vocab_size")
-        if self.preset is not None and self.hf_config is not None:
-            raise ValueError("set only one of model.preset and model.hf_config")
+        sources = [k for k in ("preset", "hf_model", "hf_config") if getattr(self, k) is not None]
+        if not sources and not explicit:
+            raise ValueError(
+                "set model.preset, model.hf_model, model.hf_config, or all of d_model/n_layers/n_heads/vocab_size"
+            )
+        if len(sources) > 1:
+            raise ValueError(f"set only one of model.{' and model.'.join(sources)}")
         return self
+
+    @property
+    def is_hf(self) -> bool:
+        return self.hf_model is not None or self.hf_config is not None
 
 
 class DataSpec(_Strict):
@@ -309,11 +318,25 @@ def apply_tuned(strategy: dict, base: Path) -> dict:
     return merged
 
 
+# Keys holding paths, resolved against the spec's own folder (as `tuned` is), not the current directory.
+_PATH_KEYS = ((), "nvme_path"), (("model",), "hf_model"), (("model",), "hf_config"), (("data",), "path")
+
+
+def _resolve_paths(raw: dict, base: Path) -> dict:
+    for tables, key in _PATH_KEYS:
+        table = raw
+        for name in tables:
+            table = table.get(name) if isinstance(table, dict) else None
+        if isinstance(table, dict) and isinstance(table.get(key), str):
+            table[key] = str(base.absolute() / Path(table[key]).expanduser())  # an absolute path stays as is
+    return raw
+
+
 def load_spec(path: Path) -> RunSpec:
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"run spec {path} does not exist; 'offloadlab init DIR' writes the shipped examples into DIR")
-    raw = _read_toml(path, "run spec")
+    raw = _resolve_paths(_read_toml(path, "run spec"), path.parent)
     if isinstance(raw.get("strategy"), list):
         raw["strategy"] = [apply_tuned(s, path.parent) if isinstance(s, dict) else s for s in raw["strategy"]]
     return parse_spec(raw, str(path))

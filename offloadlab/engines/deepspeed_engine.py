@@ -21,7 +21,8 @@ from offloadlab.engines.ops import choose_deepspeed_accelerator, load_op
 from offloadlab.results.status import Status
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
 from offloadlab.workload.data import Batch
-from offloadlab.workload.model import build_model, lm_loss
+from offloadlab.workload.hf import initial_state, load_initial_state
+from offloadlab.workload.model import lm_loss, model_factory
 
 CHECKPOINT_TAG = "state"
 # Bytes per parameter DeepSpeed keeps in the NVMe swap folder: fp32 master, Adam m and v, fp32 gradient.
@@ -271,10 +272,16 @@ def build_deepspeed(
     ds_logger.setLevel(logging.WARNING)
     deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo", verbose=False)
     config = deepspeed_config(spec, strategy, ctx.world_size, nvme_dir)
-    if strategy.zero_stage == 3:
+    build = model_factory(spec.model, spec.seq_len, spec.seed)  # model code imported before zero.Init
+    partitioned = strategy.zero_stage == 3
+    if partitioned:
         with deepspeed.zero.Init(config_dict_or_path=config):
-            model = build_model(spec.model, spec.seq_len, spec.seed)
+            model = build()
     else:
-        model = build_model(spec.model, spec.seq_len, spec.seed)
+        model = build()
+    state = initial_state(spec.model, spec.seed, partitioned)
+    if state is not None:
+        gathered = (lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=0)) if partitioned else None
+        load_initial_state(model, state, gathered)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     return DeepSpeedEngine(ctx, engine)

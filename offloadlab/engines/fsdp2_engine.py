@@ -19,6 +19,7 @@ from offloadlab.engines.digests import digest_tree, tensor_digest
 from offloadlab.engines.dist import DistContext, global_mean
 from offloadlab.spec import FSDP2Strategy, RunSpec
 from offloadlab.workload.data import Batch
+from offloadlab.workload.hf import initial_state, load_initial_state
 from offloadlab.workload.model import build_model, lm_loss
 
 PROGRESS_FILE = "progress.json"
@@ -120,6 +121,9 @@ def build_fsdp2(spec: RunSpec, strategy: FSDP2Strategy, ctx: DistContext) -> FSD
     # Built on the CPU (same generator as DeepSpeed's build); fully_shard moves the shards to the mesh's
     # device unless they are offloaded.
     model = build_model(spec.model, spec.seq_len, spec.seed)
+    state = initial_state(spec.model, spec.seed, partitioned=False)
+    if state is not None:  # a checkpoint's weights, loaded whole before sharding
+        load_initial_state(model, state)
     apply_fsdp(
         model,
         mesh,

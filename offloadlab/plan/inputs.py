@@ -112,10 +112,10 @@ class PlanInputs:
                 ),
                 "--model",
             )
-        if spec.model.hf_config is not None:
+        if spec.model.is_hf:
             raise SpecError(
                 "plan predicts GPT presets and shapes (model.preset or d_model/n_layers/...); "
-                "for an hf_config model, give the matching GPT shape"
+                "for a Hugging Face model (hf_model, hf_config), give the matching GPT shape for now"
             )
         nvme_path = r.nvme_path or (spec.nvme_path if r.spec_path is not None else None)
         cfg = gpt_config(spec.model, spec.seq_len)

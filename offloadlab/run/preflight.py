@@ -57,7 +57,11 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> None:
     """Everything `offloadlab run` can check before it starts a process; run_dir need not exist yet."""
     from offloadlab.workload.model import gpt_config
 
-    shape = gpt_config(spec.model, spec.seq_len) if spec.model.hf_config is None else None
+    if spec.model.is_hf:
+        from offloadlab.workload.hf import check_hf_folder
+
+        check_hf_folder(spec.model.hf_model or spec.model.hf_config, with_weights=spec.model.hf_model is not None)
+    shape = None if spec.model.is_hf else gpt_config(spec.model, spec.seq_len)
     nvme = [s for s in spec.strategy if s.uses_nvme]
     if nvme:
         check_directory(spec.nvme_path, "nvme_path")

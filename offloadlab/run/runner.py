@@ -316,7 +316,7 @@ class Runner:
 def check_fits(spec: RunSpec, console: Console, force: bool) -> None:
     """Ask the planner before any process starts: refuse a spec none of whose strategies fits this machine,
     and say which ones are predicted not to fit."""
-    if spec.model.hf_config is not None:
+    if spec.model.is_hf:
         return  # the planner predicts GPT shapes only
     from offloadlab.plan.accounting import Placement, Shape
     from offloadlab.plan.inputs import detect_machine, swap_buffers_of

@@ -36,7 +36,7 @@ from offloadlab.train.checkpoint import restore_and_check
 from offloadlab.train.comm_meter import CommMeter
 from offloadlab.train.trainer import StepWindow, run_steps
 from offloadlab.workload.data import TokenSource
-from offloadlab.workload.model import gpt_config, hf_config_folder, model_numbers
+from offloadlab.workload.model import model_numbers, vocab_size
 
 # Two losses of the same step agree to this relative tolerance after a restore (float reductions may be
 # reordered by a rebuilt engine; a wrong restore moves the loss by far more). At another world size the
@@ -58,14 +58,6 @@ def classify_failure(exc: BaseException, engine: type[Engine]) -> tuple[Status, 
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "database or disk is full" in str(exc):
         return Status.DOES_NOT_FIT, f"disk full: {text}"
     return Status.FAILED, text
-
-
-def vocab_size(spec: RunSpec) -> int:
-    if spec.model.hf_config is not None:
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(hf_config_folder(spec.model.hf_config)).vocab_size
-    return gpt_config(spec.model, spec.seq_len).vocab_size
 
 
 def sampler_for(spec: RunSpec, ctx: DistContext, run_dir: Path, strategy_id: int, nvme_dir: Path | None):
@@ -97,7 +89,7 @@ def _train(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
         engine = build_engine(spec, strategy, ctx, nvme_dir)
         if ctx.rank == 0:
             record_model_facts(store, strategy_id, spec, engine)
-        source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
+        source = TokenSource(spec.data, vocab_size(spec.model, spec.seq_len), spec.seq_len, spec.seed)
         root = RunDir.at(run_dir).checkpoints(strategy.name) if spec.verify_checkpoint else None
         run_steps(engine, spec, source, store, strategy_id, StepWindow(1, spec.steps), checkpoint_root=root)
         engine.close()
@@ -111,7 +103,7 @@ def _verify(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
             update={"grad_accum": spec.grad_accum * spec.nproc // ctx.world_size, "nproc": ctx.world_size}
         )
     engine = build_engine(spec, strategy, ctx, nvme_dir)
-    source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
+    source = TokenSource(spec.data, vocab_size(spec.model, spec.seq_len), spec.seq_len, spec.seed)
     layout = RunDir.at(run_dir)
     check = restore_and_check(engine, layout.checkpoints(strategy.name), scratch=layout.scratch(strategy.name))
     next_step = check.step + 1

@@ -1,4 +1,4 @@
-"""The models offloadlab trains: built-in GPT presets and local Hugging Face configs (random weights).
+"""The models offloadlab trains: built-in GPT presets, and Hugging Face models from a local folder (hf.py).
 
 Both engines get the same module tree from `build_model`: `blocks` (an nn.ModuleList) is what FSDP2 shards
 one by one and what activation checkpointing wraps. Initialisation happens inside each leaf's
@@ -8,8 +8,8 @@ weights whether or not the model is built under zero.Init.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -120,35 +120,6 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-class HFCausalLM(nn.Module):
-    """A transformers causal LM behind the same interface: tokens in, logits out, `blocks` exposed."""
-
-    def __init__(self, config_path: Path):
-        try:
-            from transformers import AutoConfig, AutoModelForCausalLM
-        except ImportError:
-            raise SpecError("model.hf_config needs transformers: pip install transformers") from None
-        super().__init__()
-        self.inner = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf_config_folder(config_path)))
-        self.blocks = _largest_module_list(self.inner)
-        self.activation_checkpointing = False
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.inner(input_ids=tokens, use_cache=False).logits
-
-
-def hf_config_folder(path: Path) -> Path:
-    """transformers loads a config from its folder; the spec may name the folder or the config.json in it."""
-    return path.parent if path.name == "config.json" else path
-
-
-def _largest_module_list(module: nn.Module) -> nn.ModuleList:
-    lists = [m for m in module.modules() if isinstance(m, nn.ModuleList)]
-    if not lists:
-        raise SpecError(f"{type(module).__name__} has no nn.ModuleList of blocks to shard")
-    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
-
-
 def gpt_config(spec: ModelSpec, seq_len: int) -> GPTConfig:
     """The GPT shape for a spec: a preset with any explicit fields overriding it."""
     base = PRESETS.get(spec.preset) if spec.preset else None
@@ -162,12 +133,38 @@ def gpt_config(spec: ModelSpec, seq_len: int) -> GPTConfig:
     return cfg
 
 
+def model_factory(spec: ModelSpec, seq_len: int, seed: int) -> Callable[[], nn.Module]:
+    """A call that builds the spec's model on the current default device (under zero.Init each leaf is
+    partitioned once built). Config files are read and model code imported now, before any zero.Init."""
+    if spec.is_hf:
+        from offloadlab.workload.hf import hf_factory
+
+        build = hf_factory(spec, seed)
+    else:
+        cfg = gpt_config(spec, seq_len)
+
+        def build() -> nn.Module:
+            torch.manual_seed(seed)
+            return GPT(cfg)
+
+    def build_with_checkpointing() -> nn.Module:
+        model = build()
+        model.activation_checkpointing = spec.activation_checkpointing
+        return model
+
+    return build_with_checkpointing
+
+
 def build_model(spec: ModelSpec, seq_len: int, seed: int) -> nn.Module:
-    """Build on the current default device; under zero.Init each leaf is partitioned once built."""
-    torch.manual_seed(seed)
-    model = HFCausalLM(spec.hf_config) if spec.hf_config else GPT(gpt_config(spec, seq_len))
-    model.activation_checkpointing = spec.activation_checkpointing
-    return model
+    return model_factory(spec, seq_len, seed)()
+
+
+def vocab_size(spec: ModelSpec, seq_len: int) -> int:
+    if spec.is_hf:
+        from offloadlab.workload.hf import hf_folder, load_config
+
+        return load_config(hf_folder(spec.hf_model or spec.hf_config)).vocab_size
+    return gpt_config(spec, seq_len).vocab_size
 
 
 def model_numbers(model: nn.Module) -> tuple[int, int, int]:

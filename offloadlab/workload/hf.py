@@ -1,0 +1,178 @@
+"""Hugging Face causal LMs from a local folder, the same way into every engine.
+
+`model.hf_model = "DIR"` trains a checkpoint folder (config.json + *.safetensors) from its weights;
+`model.hf_config` builds its config with random weights. Nothing is fetched: every read is
+`local_files_only`, so a folder that is not complete fails here, by name, and never tries the network.
+
+Why the weights are loaded after the engine builds the model, not by the model's own init:
+- Under `deepspeed.zero.Init` (ZeRO-3) every parameter is partitioned as it is created, so transformers'
+  `_init_weights` writes into empty shards and the model keeps torch's raw init (embedding std 1.0
+  instead of 0.02: a first loss of 91 against 6.6 for the same model elsewhere). So ZeRO-3 gets the
+  reference weights copied in, one gathered parameter at a time.
+- The model's code must be imported before zero.Init: importing it there pulls in torch._dynamo, which
+  trips over the `Tensor.__new__` zero.Init has patched ("Signature mismatch ... tensor_pynew").
+  `model_factory` imports everything first and builds later.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from offloadlab.spec import ModelSpec, SpecError
+
+WEIGHTS_INDEX = "model.safetensors.index.json"
+
+
+def hf_folder(path: Path) -> Path:
+    """transformers reads a folder; the spec may name the folder or the config.json in it."""
+    return path.parent if path.name == "config.json" else path
+
+
+def check_hf_folder(path: Path, with_weights: bool) -> None:
+    """A folder transformers can build (and, with_weights, load) from without the network, or a SpecError
+    that says what is missing."""
+    folder, key = hf_folder(path), "model.hf_model" if with_weights else "model.hf_config"
+    config = folder / "config.json"
+    if not folder.is_dir():
+        raise SpecError(
+            f"{key} {path}: no such folder (give a local folder with config.json"
+            f"{' and *.safetensors' if with_weights else ''}; nothing is downloaded)"
+        )
+    if not config.is_file():
+        raise SpecError(f"{key} {folder} holds no config.json: point it at the model's own folder")
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise SpecError(f"{key} {config} is not valid JSON ({err})") from None
+    if not model_type:
+        raise SpecError(f"{key} {config} names no model_type: it is not a transformers config")
+    if with_weights and not weight_files(folder):
+        raise SpecError(
+            f"{key} {folder} holds no *.safetensors weights (save it with save_pretrained, "
+            "safe_serialization=True), or use model.hf_config for random weights"
+        )
+
+
+def weight_files(folder: Path) -> list[Path]:
+    index = folder / WEIGHTS_INDEX
+    if index.is_file():
+        return sorted({folder / name for name in json.loads(index.read_text())["weight_map"].values()})
+    return sorted(folder.glob("*.safetensors"))
+
+
+def load_config(folder: Path):
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        raise SpecError("Hugging Face models need transformers: pip install transformers") from None
+    try:
+        return AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise SpecError(f"{folder}: transformers cannot read this config ({err})") from None
+
+
+def causal_lm_class(config) -> type[nn.Module]:
+    """The config's causal-LM class, its module imported now (see the module docstring for why)."""
+    import torch._dynamo  # noqa: F401 - imported before zero.Init patches Tensor.__new__
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        raise SpecError(f"model_type {config.model_type!r} has no causal-LM class in transformers") from None
+
+
+class HFCausalLM(nn.Module):
+    """A transformers causal LM behind the GPT's interface: tokens in, logits out, `blocks` exposed."""
+
+    def __init__(self, model_class: type[nn.Module], config):
+        super().__init__()
+        self.inner = model_class(config)
+        self.blocks = _largest_module_list(self.inner)
+        self.activation_checkpointing = False
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.inner(input_ids=tokens, use_cache=False).logits
+
+
+def _largest_module_list(module: nn.Module) -> nn.ModuleList:
+    lists = [m for m in module.modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        raise SpecError(f"{type(module).__name__} has no nn.ModuleList of blocks to shard")
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+
+
+def hf_factory(spec: ModelSpec, seed: int) -> Callable[[], HFCausalLM]:
+    """Everything imported and read now; the returned call only builds (under zero.Init if one is open)."""
+    config = load_config(hf_folder(spec.hf_model or spec.hf_config))
+    model_class = causal_lm_class(config)
+
+    def build() -> HFCausalLM:
+        torch.manual_seed(seed)
+        return HFCausalLM(model_class, config)
+
+    return build
+
+
+class SafetensorsState(Mapping):
+    """A checkpoint folder's tensors by name, each read from its file only when asked for."""
+
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+
+        self._where: dict[str, Path] = {}
+        for path in weight_files(folder):
+            with safe_open(str(path), framework="pt") as f:
+                self._where.update({name: path for name in f.keys()})
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        with safe_open(str(self._where[name]), framework="pt") as f:
+            return f.get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def initial_state(spec: ModelSpec, seed: int, partitioned: bool) -> Mapping[str, torch.Tensor] | None:
+    """The weights a model must start from when its own build does not give them: a checkpoint's always;
+    for random weights, those of the same seeded build on the CPU when the engine partitions the model
+    as it builds it (ZeRO-3). None: the build already holds them (GPT presets init before partitioning)."""
+    if spec.hf_model is not None:
+        return SafetensorsState(hf_folder(spec.hf_model))
+    if spec.hf_config is not None and partitioned:
+        return {name: t.detach() for name, t in hf_factory(spec, seed)().inner.state_dict().items()}
+    return None
+
+
+def load_initial_state(model: HFCausalLM, state: Mapping[str, torch.Tensor], gathered=None) -> None:
+    """Copy `state` into the model's parameters (tied ones once) and persistent buffers. `gathered(params)`:
+    a context that makes partitioned parameters whole and writable on this rank and partitions them
+    again after (ZeRO-3's GatheredParameters); None for a model that is whole already."""
+    named = dict(model.inner.named_parameters())  # tied weights appear once, under their first name
+    missing = [name for name in named if name not in state]
+    if missing:
+        raise SpecError(
+            f"the checkpoint lacks {len(missing)} of the model's parameters, e.g. {missing[:3]}: "
+            "its config.json and its weights do not match"
+        )
+    with torch.no_grad():
+        for name, param in named.items():
+            value = state[name]
+            if gathered is None:
+                param.copy_(value)
+                continue
+            with gathered([param]):  # whole on every rank inside; rank 0's copy is what is kept
+                param.copy_(value)
+        for name, buffer in model.inner.named_buffers():
+            if name in state:
+                buffer.copy_(state[name])
