@@ -70,6 +70,32 @@ def test_the_model_starts_from_the_files_weights(tmp_path, family):
     assert ours == pytest.approx(reference_first_loss(folder), rel=1e-6)
 
 
+def saved_activation_bytes(model: torch.nn.Module, tokens: torch.Tensor) -> int:
+    """Bytes autograd keeps for backward during one forward (what activation checkpointing cuts)."""
+    saved = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        if not isinstance(tensor, torch.nn.Parameter):
+            saved += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(tokens).sum().backward()
+    return saved
+
+
+def test_activation_checkpointing_applies_to_hf_models(tmp_path):
+    """It was ignored for them: the saved activations were the same with it on and off."""
+    folder = save_checkpoint(tmp_path / "llama", "llama")
+    tokens = torch.randint(0, 256, (2, 64))
+    full = saved_activation_bytes(build_model(ModelSpec(hf_model=folder), 64, 0), tokens)
+    model = build_model(ModelSpec(hf_model=folder, activation_checkpointing=True), 64, 0)
+    assert model.activation_checkpointing
+    checkpointed = saved_activation_bytes(model, tokens)
+    assert checkpointed < 0.6 * full, (checkpointed, full)
+
+
 def test_a_relative_model_path_is_the_spec_folders_not_the_current_ones(tmp_path, monkeypatch):
     save_checkpoint(tmp_path / "specs" / "my-llama", "llama")
     spec_path = write_spec(tmp_path / "specs", [dict(name="f", engine="fsdp2")], model=dict(hf_model="my-llama"))
@@ -143,7 +169,8 @@ def test_other_families_load_their_weights_or_start_alike_from_random_ones(tmp_p
     strategies = [LLAMA_STRATEGIES[3], LLAMA_STRATEGIES[5]]
     for source in ("hf_model", "hf_config"):
         (tmp_path / source).mkdir()
-        spec = write_spec(tmp_path / source, strategies, **BATCH, model={source: str(folder)})
+        model = {source: str(folder), "activation_checkpointing": True}  # through ZeRO-3 and FSDP2 too
+        spec = write_spec(tmp_path / source, strategies, **BATCH, model=model)
         cli("run", str(spec), "--out", str(tmp_path / source / "run"))
         losses = first_losses(tmp_path / source / "run")
         assert losses["zero3-cpu"] == pytest.approx(losses["fsdp2"], rel=1e-4), (source, losses)

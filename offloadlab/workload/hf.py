@@ -94,7 +94,26 @@ class HFCausalLM(nn.Module):
         super().__init__()
         self.inner = model_class(config)
         self.blocks = _largest_module_list(self.inner)
-        self.activation_checkpointing = False
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        return any(getattr(m, "gradient_checkpointing", False) for m in self.inner.modules())
+
+    @activation_checkpointing.setter
+    def activation_checkpointing(self, on: bool) -> None:
+        """transformers' own checkpointing of each decoder layer, non-reentrant as the GPT's. It re-runs a
+        layer through its __call__, so ZeRO-3's gather hooks fire in the recompute too. transformers 5
+        renamed the switch (the old name warns); 4.x has only the old one."""
+        kwargs = {"use_reentrant": False}
+        if hasattr(self.inner, "activation_checkpointing_enable"):
+            if on:
+                self.inner.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                self.inner.activation_checkpointing_disable()
+        elif on:
+            self.inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        else:
+            self.inner.gradient_checkpointing_disable()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.inner(input_ids=tokens, use_cache=False).logits
