@@ -1,11 +1,10 @@
 """What every placement's prediction is made of, whatever its engine: the model's shape, bytes by place,
 the machine, measured link rates, and activations.
 
-Activations per block and token (16-bit, flash/efficient attention, so no seq^2 term), what autograd
-saves in `model.Block`: the two LayerNorms' inputs and the QKV input (d each), the QKV output that attention
-keeps as q, k, v (3d), attention's output and the contiguous copy the projection takes (d + d), the first
-MLP matmul's input (d), the GELU's input and the second matmul's input (4d + 4d): 17 elements x d_model.
-With activation checkpointing only the block's input is kept, plus one block's worth while recomputing.
+Activations: what autograd saves per block and token (flash/efficient attention, so no seq^2 term), by
+block family: the GPT's `model.Block` (`gpt_block_activation_bytes`) or a Llama-family decoder layer
+(`decoder_block_activation_bytes`), each checked against a real block's saved tensors in tests. With
+activation checkpointing only the block's input is kept, plus one block's worth while recomputing.
 The loss adds the logits (16-bit) and their fp32 copy and gradient, per micro-batch.
 """
 
@@ -13,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, Strategy
-from offloadlab.workload.model import GPTConfig
+from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, RunSpec, Strategy
+from offloadlab.workload.model import GPTConfig, gpt_config
 
 GiB = 1 << 30
 # Resident host bytes of a training process before any model state (Python, torch, the runtime);
@@ -38,11 +37,20 @@ class Shape:
     param_bytes: int
     """2 for bf16, 4 for fp32."""
     param_numels: tuple[int, ...]
-    """Elements of each parameter tensor, as the model builds them."""
+    """Elements of each parameter tensor, as the model builds them (tied ones once)."""
+    block_params: int
+    """Parameters of one block (what FSDP2 gathers at a time)."""
+    block_activation_bytes_per_token: int
+    """Bytes autograd saves in one block for each token (tests/test_plan.py measures them)."""
 
     @classmethod
     def of(cls, cfg: GPTConfig, seq_len: int, micro_batch: int, grad_accum: int, precision: str) -> "Shape":
         cfg = replace(cfg, max_seq_len=seq_len)  # the position table is built for the run's sequence length
+        param_bytes = 2 if precision == "bf16" else 4
+        numels = tuple(cfg.param_numels())
+        block_params = (
+            sum(numels) - 2 * cfg.vocab_size * cfg.d_model - cfg.max_seq_len * cfg.d_model - 2 * cfg.d_model
+        ) // cfg.n_layers
         return cls(
             cfg.n_layers,
             cfg.d_model,
@@ -50,8 +58,31 @@ class Shape:
             seq_len,
             micro_batch,
             grad_accum,
-            2 if precision == "bf16" else 4,
-            tuple(cfg.param_numels()),
+            param_bytes,
+            numels,
+            block_params,
+            gpt_block_activation_bytes(cfg.d_model, param_bytes),
+        )
+
+    @classmethod
+    def of_hf(cls, config, seq_len: int, micro_batch: int, grad_accum: int, precision: str) -> "Shape":
+        """A Hugging Face config's exact parameter tensors (built on the meta device: no memory, no init)."""
+        from offloadlab.workload.hf import meta_model
+
+        model = meta_model(config)
+        numels = tuple(p.numel() for p in model.inner.parameters())  # tied weights appear once
+        param_bytes = 2 if precision == "bf16" else 4
+        return cls(
+            len(model.blocks),
+            config.hidden_size,
+            config.vocab_size,
+            seq_len,
+            micro_batch,
+            grad_accum,
+            param_bytes,
+            numels,
+            sum(p.numel() for p in model.blocks[0].parameters()),
+            decoder_block_activation_bytes(config, param_bytes),
         )
 
     @property
@@ -63,8 +94,53 @@ class Shape:
         return max(self.param_numels)
 
     @property
-    def block_params(self) -> int:
-        return (self.n_params - 2 * self.vocab_size * self.d_model) // max(1, self.n_layers)
+    def root_params(self) -> int:
+        """Parameters outside the blocks: embeddings, head, final norm."""
+        return self.n_params - self.n_layers * self.block_params
+
+
+def shape_of_spec(spec: RunSpec) -> Shape:
+    """The spec's model at its batch: a GPT's shape, or a Hugging Face config's exact tensors."""
+    batch = (spec.seq_len, spec.micro_batch, spec.grad_accum, spec.precision)
+    if spec.model.is_hf:
+        from offloadlab.workload.hf import hf_folder, load_config
+
+        return Shape.of_hf(load_config(hf_folder(spec.model.hf_model or spec.model.hf_config)), *batch)
+    return Shape.of(gpt_config(spec.model, spec.seq_len), *batch)
+
+
+def compute_stand_in(spec: RunSpec) -> GPTConfig:
+    """The GPT whose block the compute probe times for this spec: the model's own for a GPT, one of the
+    same width and heads for a Hugging Face model (the FLOP rate follows the matmuls' sizes)."""
+    if not spec.model.is_hf:
+        return gpt_config(spec.model, spec.seq_len)
+    from offloadlab.workload.hf import hf_folder, load_config
+
+    c = load_config(hf_folder(spec.model.hf_model or spec.model.hf_config))
+    return GPTConfig(c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.vocab_size, spec.seq_len)
+
+
+def gpt_block_activation_bytes(d_model: int, param_bytes: int) -> int:
+    """`model.Block`, per token: the two LayerNorms' inputs and the QKV input (d each), q, k, v (3d),
+    attention's output and the projection's contiguous copy (2d), the MLP input (d), the GELU's input and
+    the second matmul's input (4d + 4d): 17 d in the compute precision."""
+    return 17 * d_model * param_bytes
+
+
+def decoder_block_activation_bytes(config, param_bytes: int) -> int:
+    """A Llama-family decoder layer (Llama, Mistral, Qwen2: RMSNorm, GQA attention with rotary
+    embeddings, SwiGLU MLP), per token, as measured on real layers:
+    - 8 d in the compute precision: both norms' inputs and outputs, q, attention's output, the output
+      projection's input and the residual sum;
+    - 2 kv (k and v, grouped) + 4 i (gate, up, SiLU(gate), their product) + 2 head_dim (rotary cos, sin);
+    - fp32: each norm's inverse RMS and attention's log-sum-exp per head (2 + heads);
+    - in 16-bit, one more fp32 d: an RMSNorm's upcast input.
+    Llama-3.2-1B in bf16: 108,936 bytes a token a layer, as measured."""
+    d, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or d // heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    elements = 8 * d + 2 * kv * head_dim + 4 * config.intermediate_size + 2 * head_dim
+    return param_bytes * elements + 4 * (2 + heads) + (4 * d if param_bytes == 2 else 0)
 
 
 @dataclass(frozen=True)
@@ -162,7 +238,7 @@ class Memory:
 
 def activation_bytes(shape: Shape, checkpointing: bool) -> float:
     tokens = shape.seq_len * shape.micro_batch
-    per_block = 17 * tokens * shape.d_model * shape.param_bytes
+    per_block = tokens * shape.block_activation_bytes_per_token
     blocks = (
         (shape.n_layers * tokens * shape.d_model * shape.param_bytes + per_block)
         if checkpointing

@@ -29,8 +29,7 @@ def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, 
     # (reshard_after_forward=False on the root) until backward ends. The turn's peak comes before any
     # unsharded gradient exists; a block's appears once its larger activations are freed (H200, 1.42B,
     # CPUOffloadPolicy: 8.79 GiB measured, 8.77 predicted this way).
-    root = 2 * shape.vocab_size * shape.d_model
-    m.add("gpu_turn", "gathered block + root", shape.param_bytes * (shape.block_params + root))
+    m.add("gpu_turn", "gathered block + root", shape.param_bytes * (shape.block_params + shape.root_params))
     m.host_build_bytes = 4 * shape.n_params  # built in fp32 on the CPU, freed once sharded
     return m
 

@@ -11,11 +11,21 @@ import psutil
 from rich.console import Console
 
 from offloadlab.measure.links import measure_block_flops, nvme_from_tune_store
-from offloadlab.plan.accounting import GiB, Links, Machine, Shape, SwapBuffers, buffers_for
+from offloadlab.plan.accounting import (
+    GiB,
+    Links,
+    Machine,
+    Shape,
+    SwapBuffers,
+    buffers_for,
+    compute_stand_in,
+    shape_of_spec,
+)
 from offloadlab.plan.links import BLOCK_MEASURED, measure_links
 from offloadlab.results.store import DB_NAME
 from offloadlab.spec import ModelSpec, RunSpec, SpecError, load_spec, parse_spec
-from offloadlab.workload.model import GPTConfig, gpt_config
+from offloadlab.workload.hf import hf_folder
+from offloadlab.workload.model import GPTConfig
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,13 @@ def swap_buffers_of(strategy, shape: Shape) -> SwapBuffers:
 
 def _shape(spec: RunSpec, cfg: GPTConfig) -> Shape:
     return Shape.of(cfg, spec.seq_len, spec.micro_batch, spec.grad_accum, spec.precision)
+
+
+def _model_label(spec: RunSpec) -> str:
+    hf = spec.model.hf_model or spec.model.hf_config
+    if hf is not None:
+        return f"{hf_folder(hf).name} ({'its weights' if spec.model.hf_model else 'random weights'})"
+    return spec.model.preset or "custom"
 
 
 def detect_machine(
@@ -112,14 +129,9 @@ class PlanInputs:
                 ),
                 "--model",
             )
-        if spec.model.is_hf:
-            raise SpecError(
-                "plan predicts GPT presets and shapes (model.preset or d_model/n_layers/...); "
-                "for a Hugging Face model (hf_model, hf_config), give the matching GPT shape for now"
-            )
         nvme_path = r.nvme_path or (spec.nvme_path if r.spec_path is not None else None)
-        cfg = gpt_config(spec.model, spec.seq_len)
-        shape = _shape(spec, cfg)
+        cfg = compute_stand_in(spec)
+        shape = shape_of_spec(spec)
         gpus = r.gpus or (spec.nproc if r.spec_path else None)
         machine = detect_machine(gpus, r.gpu_mem_gib, r.host_mem_gib, nvme_path)
         tuned_dir = r.tuned_dir or _newest_tune()
@@ -131,7 +143,7 @@ class PlanInputs:
         nvme = next((s for s in spec.strategy if s.swaps_parameters), None)
         buffers = swap_buffers_of(nvme, shape)
         fragment = tuned_dir / "tuned.toml" if tuned_dir and (tuned_dir / "tuned.toml").is_file() else None
-        return cls(spec, shape, machine, links, buffers, fragment, spec.model.preset or "custom")
+        return cls(spec, shape, machine, links, buffers, fragment, _model_label(spec))
 
     def with_model(self, cfg: GPTConfig, what: str) -> "PlanInputs":
         """The same machine, links and batch for another GPT shape, as an explicit model in the spec."""

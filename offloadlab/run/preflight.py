@@ -55,13 +55,13 @@ def check_disk_for_run(spec: RunSpec, run_dir: Path, n_params: int) -> None:
 
 def preflight_run(spec: RunSpec, run_dir: Path) -> None:
     """Everything `offloadlab run` can check before it starts a process; run_dir need not exist yet."""
-    from offloadlab.workload.model import gpt_config
+    from offloadlab.plan.accounting import shape_of_spec
 
     if spec.model.is_hf:
         from offloadlab.workload.hf import check_hf_folder
 
         check_hf_folder(spec.model.hf_model or spec.model.hf_config, with_weights=spec.model.hf_model is not None)
-    shape = None if spec.model.is_hf else gpt_config(spec.model, spec.seq_len)
+    shape = shape_of_spec(spec)
     nvme = [s for s in spec.strategy if s.uses_nvme]
     if nvme:
         check_directory(spec.nvme_path, "nvme_path")
@@ -69,8 +69,6 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> None:
         from offloadlab.engines.ops import check_libaio
 
         check_libaio()
-    if shape is None:
-        return
     for strategy in nvme:
         check_buffer_fits_largest_param(strategy, shape.largest_param_numel)
     check_disk_for_run(spec, run_dir, shape.n_params)

@@ -316,16 +316,11 @@ class Runner:
 def check_fits(spec: RunSpec, console: Console, force: bool) -> None:
     """Ask the planner before any process starts: refuse a spec none of whose strategies fits this machine,
     and say which ones are predicted not to fit."""
-    if spec.model.is_hf:
-        return  # the planner predicts GPT shapes only
-    from offloadlab.plan.accounting import Placement, Shape
+    from offloadlab.plan.accounting import Placement, shape_of_spec
     from offloadlab.plan.inputs import detect_machine, swap_buffers_of
     from offloadlab.plan.predict import predict
-    from offloadlab.workload.model import gpt_config
 
-    shape = Shape.of(
-        gpt_config(spec.model, spec.seq_len), spec.seq_len, spec.micro_batch, spec.grad_accum, spec.precision
-    )
+    shape = shape_of_spec(spec)
     machine = detect_machine(spec.nproc, None, None, spec.nvme_path)
     unfit = {}
     for s in spec.strategy:

@@ -138,6 +138,12 @@ def hf_factory(spec: ModelSpec, seed: int) -> Callable[[], HFCausalLM]:
     return build
 
 
+def meta_model(config) -> HFCausalLM:
+    """The model's structure and tensor shapes without memory or init: what the planner counts."""
+    with torch.device("meta"):
+        return HFCausalLM(causal_lm_class(config), config)
+
+
 class SafetensorsState(Mapping):
     """A checkpoint folder's tensors by name, each read from its file only when asked for."""
 
