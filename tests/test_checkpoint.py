@@ -99,7 +99,7 @@ from pathlib import Path
 from offloadlab.workload.data import TokenSource
 from offloadlab.engines import DistContext, build_engine
 from offloadlab.spec import load_spec
-from offloadlab.train.worker import vocab_size
+from offloadlab.workload.model import vocab_size
 
 def status_bytes(key):
     line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(key))
@@ -108,7 +108,7 @@ def status_bytes(key):
 spec = load_spec(Path(sys.argv[1]))
 ctx = DistContext.from_env()
 engine = build_engine(spec, spec.strategy[0], ctx, None)
-source = TokenSource(spec.data, vocab_size(spec), spec.seq_len, spec.seed)
+source = TokenSource(spec.data, vocab_size(spec.model, spec.seq_len), spec.seq_len, spec.seed)
 engine.train_step(source.micro_batches(0, ctx.rank, ctx.world_size, spec.micro_batch, spec.grad_accum))
 folder = Path(sys.argv[2])
 folder.mkdir(exist_ok=True)
