@@ -32,7 +32,6 @@ from offloadlab.results.store import RunStore
 from offloadlab.spec import load_spec
 from offloadlab.telemetry.sampler import SamplerProcess
 from offloadlab.workload.data import TokenSource
-from offloadlab.workload.model import vocab_size
 
 
 def main() -> None:
@@ -56,7 +55,7 @@ def main() -> None:
         store = RunStore(run_dir, create_schema=True)
         strategy_id = store.add_strategy(store.add_run("overhead", ""), strategy.name, strategy.engine, {}, 0)
         engine = build_engine(spec, strategy, ctx, nvme_dir)
-        source = TokenSource(spec.data, vocab_size(spec.model, spec.seq_len), spec.seq_len, spec.seed)
+        source = TokenSource.for_run(spec)
         arms = ["process"]
         times: dict[str, list[float]] = {arm: [] for arm in ["off", *arms]}
         step = 0

@@ -75,11 +75,15 @@ class ModelSpec(_Strict):
 
 class DataSpec(_Strict):
     kind: Literal["synthetic", "tokens", "text"] = "synthetic"
-    """synthetic: seeded random tokens; tokens: a .npy or raw int32/uint16 file; text: UTF-8 bytes as tokens."""
+    """synthetic: seeded random tokens; tokens: a .npy or raw int32/uint16 file; text: UTF-8 text (a .txt
+    file, or .jsonl with one document a line) through a Hugging Face model's own tokenizer, or as bytes
+    for a GPT preset; documents are joined with the tokenizer's end-of-text token and packed to seq_len."""
     path: Path | None = None
     """The file for kind = "tokens" or "text"."""
     token_dtype: Literal["int32", "uint16"] = "int32"
     """Element type of a raw (non-.npy) token file."""
+    text_key: str = "text"
+    """The field that holds each document of a .jsonl file."""
 
     @model_validator(mode="after")
     def _path_needed(self) -> "DataSpec":

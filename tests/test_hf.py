@@ -43,10 +43,33 @@ def save_checkpoint(folder: Path, family: str, seed: int = 1) -> Path:
     return folder
 
 
-def reference_first_loss(folder: Path) -> float:
+WORDS = "the a model trains on text offload to disk and cpu memory while gpu runs fast slow step loss".split()
+
+
+def save_tokenizer(folder: Path) -> None:
+    """A word-level tokenizer of WORDS (ids below the tiny models' 256), saved beside the weights."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["<unk>", "</s>"]))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="</s>")
+    fast.save_pretrained(folder)
+
+
+def write_corpus(path: Path, documents: int = 40) -> list[str]:
+    """A .jsonl of seeded sentences over WORDS, one document a line."""
+    gen = torch.Generator().manual_seed(0)
+    docs = [" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (12,), generator=gen)) for _ in range(documents)]
+    path.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs))
+    return docs
+
+
+def reference_first_loss(folder: Path, data: DataSpec = DataSpec()) -> float:
     """The first step's loss computed by transformers itself from the files."""
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
-    (batch,) = TokenSource(DataSpec(), 256, BATCH["seq_len"], seed=0).micro_batches(0, 0, 1, BATCH["micro_batch"], 1)
+    source = TokenSource(data, 256, BATCH["seq_len"], seed=0, tokenizer=folder if data.kind == "text" else None)
+    (batch,) = source.micro_batches(0, 0, 1, BATCH["micro_batch"], 1)
     with torch.no_grad():
         return lm_loss(model(input_ids=batch.inputs, use_cache=False).logits, batch.targets).item()
 
@@ -150,10 +173,16 @@ LLAMA_STRATEGIES = [
 
 @pytest.mark.slow
 def test_a_llama_checkpoint_trains_through_every_engine_from_its_weights(tmp_path, nvme_root):
+    """On the user's text (.jsonl) through the checkpoint's own tokenizer."""
     folder = save_checkpoint(tmp_path / "llama", "llama")
-    spec = write_spec(tmp_path, LLAMA_STRATEGIES, **BATCH, nvme_path=str(nvme_root), model=dict(hf_model="llama"))
+    save_tokenizer(folder)
+    write_corpus(tmp_path / "corpus.jsonl")
+    data = dict(kind="text", path="corpus.jsonl")
+    spec = write_spec(
+        tmp_path, LLAMA_STRATEGIES, **BATCH, nvme_path=str(nvme_root), model=dict(hf_model="llama"), data=data
+    )
     cli("run", str(spec), "--out", str(tmp_path / "run"))
-    reference = reference_first_loss(folder)
+    reference = reference_first_loss(folder, DataSpec(kind="text", path=tmp_path / "corpus.jsonl"))
     for name, loss in first_losses(tmp_path / "run").items():
         assert loss == pytest.approx(reference, rel=1e-4), name
     store = RunStore(tmp_path / "run")
@@ -263,3 +292,26 @@ def test_plan_counts_a_checkpoints_own_tensors(tmp_path):
     built = transformers.AutoModelForCausalLM.from_config(FAMILIES["qwen2"]())
     assert sum(plan["shape"]["param_numels"]) == sum(p.numel() for p in built.parameters())
     assert all(p["fits"] for p in plan["predictions"] if "nvme" not in p["strategy"])  # no nvme_path given
+
+
+def test_text_goes_through_the_models_tokenizer_documents_joined_by_its_end_token(tmp_path):
+    save_tokenizer(tmp_path)
+    docs = write_corpus(tmp_path / "corpus.jsonl", documents=8)
+    source = TokenSource(DataSpec(kind="text", path=tmp_path / "corpus.jsonl"), 256, 16, 0, tokenizer=tmp_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    expected = [i for doc in docs for i in tokenizer(doc, add_special_tokens=False)["input_ids"] + [1]]
+    assert source.tokens.tolist() == expected and tokenizer.eos_token_id == 1
+    assert source.sample(1).tolist() == expected[16:33]  # packed: sample k starts k x seq_len tokens in
+    (tmp_path / "corpus.txt").write_text(docs[0])
+    whole = TokenSource(DataSpec(kind="text", path=tmp_path / "corpus.txt"), 256, 4, 0, tokenizer=tmp_path)
+    assert whole.tokens.tolist() == expected[: len(whole.tokens)]
+
+
+def test_text_without_a_tokenizer_or_with_a_bad_line_names_the_fix(tmp_path):
+    (tmp_path / "corpus.jsonl").write_text('{"text": "the model"}\n{"body": "no text field"}\n')
+    save_tokenizer(tmp_path / "with")
+    with pytest.raises(SpecError, match="line 2: not a JSON object with a 'text' field"):
+        TokenSource(DataSpec(kind="text", path=tmp_path / "corpus.jsonl"), 256, 4, 0, tokenizer=tmp_path / "with")
+    (tmp_path / "without").mkdir()
+    with pytest.raises(SpecError, match="holds none that loads"):
+        TokenSource(DataSpec(kind="text", path=tmp_path / "corpus.jsonl"), 256, 4, 0, tokenizer=tmp_path / "without")

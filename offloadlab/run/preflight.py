@@ -60,7 +60,13 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> None:
     if spec.model.is_hf:
         from offloadlab.workload.hf import check_hf_folder
 
-        check_hf_folder(spec.model.hf_model or spec.model.hf_config, with_weights=spec.model.hf_model is not None)
+        folder = spec.model.hf_model or spec.model.hf_config
+        check_hf_folder(folder, with_weights=spec.model.hf_model is not None)
+        if spec.data.kind == "text":
+            from offloadlab.workload.data import load_tokenizer
+            from offloadlab.workload.hf import hf_folder
+
+            load_tokenizer(hf_folder(folder))
     shape = shape_of_spec(spec)
     nvme = [s for s in spec.strategy if s.uses_nvme]
     if nvme:

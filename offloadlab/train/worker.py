@@ -36,7 +36,7 @@ from offloadlab.train.checkpoint import restore_and_check
 from offloadlab.train.comm_meter import CommMeter
 from offloadlab.train.trainer import StepWindow, run_steps
 from offloadlab.workload.data import TokenSource
-from offloadlab.workload.model import model_numbers, vocab_size
+from offloadlab.workload.model import model_numbers
 
 # Two losses of the same step agree to this relative tolerance after a restore (float reductions may be
 # reordered by a rebuilt engine; a wrong restore moves the loss by far more). At another world size the
@@ -89,7 +89,7 @@ def _train(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
         engine = build_engine(spec, strategy, ctx, nvme_dir)
         if ctx.rank == 0:
             record_model_facts(store, strategy_id, spec, engine)
-        source = TokenSource(spec.data, vocab_size(spec.model, spec.seq_len), spec.seq_len, spec.seed)
+        source = TokenSource.for_run(spec)
         root = RunDir.at(run_dir).checkpoints(strategy.name) if spec.verify_checkpoint else None
         run_steps(engine, spec, source, store, strategy_id, StepWindow(1, spec.steps), checkpoint_root=root)
         engine.close()
@@ -103,7 +103,7 @@ def _verify(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
             update={"grad_accum": spec.grad_accum * spec.nproc // ctx.world_size, "nproc": ctx.world_size}
         )
     engine = build_engine(spec, strategy, ctx, nvme_dir)
-    source = TokenSource(spec.data, vocab_size(spec.model, spec.seq_len), spec.seq_len, spec.seed)
+    source = TokenSource.for_run(spec)
     layout = RunDir.at(run_dir)
     check = restore_and_check(engine, layout.checkpoints(strategy.name), scratch=layout.scratch(strategy.name))
     next_step = check.step + 1

@@ -7,12 +7,15 @@ which samples make up a step, and a restored run reads step k+1 without replayin
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from offloadlab.spec import DataSpec, SpecError
+from offloadlab.spec import DataSpec, RunSpec, SpecError
 
 
 @dataclass(frozen=True)
@@ -22,9 +25,10 @@ class Batch:
 
 
 class TokenSource:
-    def __init__(self, spec: DataSpec, vocab_size: int, seq_len: int, seed: int):
+    def __init__(self, spec: DataSpec, vocab_size: int, seq_len: int, seed: int, tokenizer: Path | None = None):
+        """tokenizer: the folder of the model's tokenizer, for text data (None: text is read as bytes)."""
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
-        self.tokens = _load_tokens(spec) if spec.kind != "synthetic" else None
+        self.tokens = _load_tokens(spec, tokenizer) if spec.kind != "synthetic" else None
         if self.tokens is not None:
             if len(self.tokens) < seq_len + 2:
                 raise SpecError(
@@ -57,9 +61,64 @@ class TokenSource:
             out.append(Batch(inputs=rows[:, :-1].contiguous(), targets=rows[:, 1:].contiguous()))
         return out
 
+    @classmethod
+    def for_run(cls, spec: RunSpec) -> "TokenSource":
+        """The run's data for its model: a Hugging Face model's text goes through the model's tokenizer."""
+        from offloadlab.workload.model import vocab_size
 
-def _load_tokens(spec: DataSpec) -> np.ndarray:
+        folder = spec.model.hf_model or spec.model.hf_config
+        tokenizer = None
+        if folder is not None:
+            from offloadlab.workload.hf import hf_folder
+
+            tokenizer = hf_folder(folder)
+        return cls(spec.data, vocab_size(spec.model, spec.seq_len), spec.seq_len, spec.seed, tokenizer)
+
+
+def documents(path: Path, text_key: str) -> Iterator[str]:
+    """A .jsonl file's documents (each line's `text_key`), or a text file as one document."""
+    if path.suffix != ".jsonl":
+        yield path.read_text()
+        return
+    with path.open() as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)[text_key]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise SpecError(
+                    f"data.path {path} line {number}: not a JSON object with a {text_key!r} field "
+                    "(set data.text_key to the field that holds the text)"
+                ) from None
+
+
+def load_tokenizer(folder: Path):
+    """The model folder's own tokenizer, never fetched."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise SpecError(
+            f"data.kind = \"text\" reads the model's tokenizer from {folder}, which holds none that "
+            f"loads ({str(err).splitlines()[0]}): save it there (tokenizer.save_pretrained), or give "
+            "token ids with data.kind = \"tokens\""
+        ) from None
+
+
+def tokenize(path: Path, text_key: str, folder: Path) -> np.ndarray:
+    """Every document's token ids, each followed by the end-of-text token, in one array to pack from."""
+    tokenizer = load_tokenizer(folder)
+    end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    ids = [i for doc in documents(path, text_key) for i in tokenizer(doc, add_special_tokens=False)["input_ids"] + end]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def _load_tokens(spec: DataSpec, tokenizer: Path | None) -> np.ndarray:
     if spec.kind == "text":
+        if tokenizer is not None:
+            return tokenize(spec.path, spec.text_key, tokenizer)
         return np.frombuffer(spec.path.read_bytes(), dtype=np.uint8)
     if spec.path.suffix == ".npy":
         return np.load(spec.path, mmap_mode="r")
