@@ -315,3 +315,83 @@ def test_text_without_a_tokenizer_or_with_a_bad_line_names_the_fix(tmp_path):
     (tmp_path / "without").mkdir()
     with pytest.raises(SpecError, match="holds none that loads"):
         TokenSource(DataSpec(kind="text", path=tmp_path / "corpus.jsonl"), 256, 4, 0, tokenizer=tmp_path / "without")
+
+
+ACCELERATE_SCRIPT = """# A standard Accelerate training script: its own optimizer, its own data loader.
+import sys
+
+import torch
+from accelerate import Accelerator
+from transformers import AutoModelForCausalLM
+
+accelerator = Accelerator()
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+data = torch.utils.data.DataLoader(torch.randint(0, 256, (8, 33)), batch_size=2)
+model, optimizer, data = accelerator.prepare(model, optimizer, data)
+for batch in data:
+    loss = model(input_ids=batch, labels=batch).loss
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+accelerator.print("trained", len(data), "steps")
+"""
+
+DEEPSPEED_SCRIPT = """# A plain DeepSpeed script: the planned JSON as it is.
+import json
+import sys
+
+import deepspeed
+import torch
+from transformers import AutoModelForCausalLM
+
+config = json.loads(open(sys.argv[2]).read())
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+for _ in range(2):
+    batch = torch.randint(0, 256, (config["train_micro_batch_size_per_gpu"], 33))
+    engine.backward(engine(input_ids=batch, labels=batch).loss)
+    engine.step()
+print("trained 2 steps")
+"""
+
+
+@pytest.mark.slow
+def test_the_planned_configs_train_users_own_scripts(tmp_path):
+    """plan --write's Accelerate file failed in `accelerate launch` with a standard script ("You cannot
+    specify an optimizer in the config file and in the code"); its DeepSpeed JSON ran in a plain script."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("accelerate")
+    folder = save_checkpoint(tmp_path / "llama", "llama")
+    spec = write_spec(tmp_path, [dict(name="any", engine="fsdp2")], **BATCH, model=dict(hf_model="llama"))
+    out = tmp_path / "planned"
+    cli("plan", str(spec), "--gpu-mem", "0", "--tflops", "1", "--strategy", "zero3-opt-cpu", "--write", str(out))
+    for name, text in (("accelerate_train.py", ACCELERATE_SCRIPT), ("deepspeed_train.py", DEEPSPEED_SCRIPT)):
+        (tmp_path / name).write_text(text)
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29561",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    bin_dir = Path(sys.executable).parent
+    runs = [
+        [
+            str(bin_dir / "accelerate"),
+            "launch",
+            "--config_file",
+            str(out / "zero3-opt-cpu_accelerate.yaml"),
+            str(tmp_path / "accelerate_train.py"),
+            str(folder),
+        ],
+        [sys.executable, str(tmp_path / "deepspeed_train.py"), str(folder), str(out / "zero3-opt-cpu_deepspeed.json")],
+    ]
+    for cmd in runs:
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0 and "trained" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -226,6 +226,7 @@ def test_plan_writes_a_spec_offloadlab_runs_and_configs_deepspeed_and_accelerate
     assert written == [
         "zero3-opt-nvme-param-nvme.toml",
         "zero3-opt-nvme-param-nvme_accelerate.yaml",
+        "zero3-opt-nvme-param-nvme_accelerate_deepspeed.json",
         "zero3-opt-nvme-param-nvme_deepspeed.json",
     ]
     planned = load_spec(out / "zero3-opt-nvme-param-nvme.toml")
@@ -239,7 +240,7 @@ def test_plan_writes_a_spec_offloadlab_runs_and_configs_deepspeed_and_accelerate
     assert accelerate["distributed_type"] == "DEEPSPEED"
     assert (
         Path(accelerate["deepspeed_config"]["deepspeed_config_file"])
-        == (out / "zero3-opt-nvme-param-nvme_deepspeed.json").resolve()
+        == (out / "zero3-opt-nvme-param-nvme_accelerate_deepspeed.json").resolve()
     )
     # The written spec trains for real.
     run = cli("run", str(out / "zero3-opt-nvme-param-nvme.toml"), "--out", str(tmp_path / "run"))

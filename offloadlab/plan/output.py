@@ -160,7 +160,8 @@ def _accelerate_yaml(x: Prediction, spec: RunSpec, deepspeed_json: Path | None) 
         "use_cpu: false",
     ]
     if deepspeed_json is not None:
-        # Precision and batch sizes come from the DeepSpeed file; Accelerate refuses them twice.
+        # Precision comes from the DeepSpeed file; Accelerate refuses it twice. On a machine without a GPU
+        # the same file runs on DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu), as the tests do.
         lines += [
             "distributed_type: DEEPSPEED",
             "deepspeed_config:",
@@ -182,6 +183,14 @@ def _accelerate_yaml(x: Prediction, spec: RunSpec, deepspeed_json: Path | None) 
     return "\n".join(lines) + "\n"
 
 
+def accelerate_deepspeed_config(config: dict) -> dict:
+    """DeepSpeed's JSON for an Accelerate script: the script brings its optimizer and data loader, so the
+    optimizer block goes (Accelerate refuses one in both places) and the batch sizes are Accelerate's."""
+    out = {key: value for key, value in config.items() if key != "optimizer"}
+    out.update(train_micro_batch_size_per_gpu="auto", train_batch_size="auto", gradient_accumulation_steps="auto")
+    return out
+
+
 def write_plan(x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None) -> list[Path]:
     from offloadlab.engines.deepspeed_engine import deepspeed_config
 
@@ -196,9 +205,11 @@ def write_plan(x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None) 
         config = deepspeed_config(
             spec, spec.strategy[0], spec.nproc, spec.nvme_path if x.placement.strategy.uses_nvme else None
         )
-        deepspeed_json = out_dir / f"{x.placement.name}_deepspeed.json"
-        deepspeed_json.write_text(json.dumps(config, indent=2) + "\n")
-        written.append(deepspeed_json)
+        plain_json = out_dir / f"{x.placement.name}_deepspeed.json"  # for deepspeed.initialize(config=...)
+        plain_json.write_text(json.dumps(config, indent=2) + "\n")
+        deepspeed_json = out_dir / f"{x.placement.name}_accelerate_deepspeed.json"
+        deepspeed_json.write_text(json.dumps(accelerate_deepspeed_config(config), indent=2) + "\n")
+        written += [plain_json, deepspeed_json]
     accelerate = out_dir / f"{x.placement.name}_accelerate.yaml"
     accelerate.write_text(_accelerate_yaml(x, spec, deepspeed_json))
     return written + [accelerate]
