@@ -69,8 +69,13 @@ class ModelSpec(_Strict):
         return self
 
     @property
+    def hf_path(self) -> Path | None:
+        """The Hugging Face folder (or config.json) the model comes from, with or without its weights."""
+        return self.hf_model or self.hf_config
+
+    @property
     def is_hf(self) -> bool:
-        return self.hf_model is not None or self.hf_config is not None
+        return self.hf_path is not None
 
 
 class DataSpec(_Strict):

@@ -103,9 +103,9 @@ def shape_of_spec(spec: RunSpec) -> Shape:
     """The spec's model at its batch: a GPT's shape, or a Hugging Face config's exact tensors."""
     batch = (spec.seq_len, spec.micro_batch, spec.grad_accum, spec.precision)
     if spec.model.is_hf:
-        from offloadlab.workload.hf import hf_folder, load_config
+        from offloadlab.workload.hf import spec_config
 
-        return Shape.of_hf(load_config(hf_folder(spec.model.hf_model or spec.model.hf_config)), *batch)
+        return Shape.of_hf(spec_config(spec.model), *batch)
     return Shape.of(gpt_config(spec.model, spec.seq_len), *batch)
 
 
@@ -114,9 +114,9 @@ def compute_stand_in(spec: RunSpec) -> GPTConfig:
     same width and heads for a Hugging Face model (the FLOP rate follows the matmuls' sizes)."""
     if not spec.model.is_hf:
         return gpt_config(spec.model, spec.seq_len)
-    from offloadlab.workload.hf import hf_folder, load_config
+    from offloadlab.workload.hf import spec_config
 
-    c = load_config(hf_folder(spec.model.hf_model or spec.model.hf_config))
+    c = spec_config(spec.model)
     return GPTConfig(c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.vocab_size, spec.seq_len)
 
 

@@ -70,9 +70,8 @@ def _shape(spec: RunSpec, cfg: GPTConfig) -> Shape:
 
 
 def _model_label(spec: RunSpec) -> str:
-    hf = spec.model.hf_model or spec.model.hf_config
-    if hf is not None:
-        return f"{hf_folder(hf).name} ({'its weights' if spec.model.hf_model else 'random weights'})"
+    if spec.model.is_hf:
+        return f"{hf_folder(spec.model.hf_path).name} ({'its weights' if spec.model.hf_model else 'random weights'})"
     return spec.model.preset or "custom"
 
 

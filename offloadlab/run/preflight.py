@@ -8,6 +8,7 @@ from pathlib import Path
 
 from offloadlab.checks.host import PreflightError, check_direct_io, check_directory, check_free_disk
 from offloadlab.engines import engine_class
+from offloadlab.plan.accounting import Shape, shape_of_spec
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
 
 
@@ -53,20 +54,18 @@ def check_disk_for_run(spec: RunSpec, run_dir: Path, n_params: int) -> None:
             raise PreflightError(f"{err}{fix}") from None
 
 
-def preflight_run(spec: RunSpec, run_dir: Path) -> None:
-    """Everything `offloadlab run` can check before it starts a process; run_dir need not exist yet."""
-    from offloadlab.plan.accounting import shape_of_spec
-
+def preflight_run(spec: RunSpec, run_dir: Path) -> Shape:
+    """Everything `offloadlab run` can check before it starts a process; run_dir need not exist yet.
+    Returns the model's shape, which the fit check reads too (built once: an HF config is read for it)."""
     if spec.model.is_hf:
         from offloadlab.workload.hf import check_hf_folder
 
-        folder = spec.model.hf_model or spec.model.hf_config
-        check_hf_folder(folder, with_weights=spec.model.hf_model is not None)
+        check_hf_folder(spec.model.hf_path, with_weights=spec.model.hf_model is not None)
         if spec.data.kind == "text":
             from offloadlab.workload.data import load_tokenizer
             from offloadlab.workload.hf import hf_folder
 
-            load_tokenizer(hf_folder(folder))
+            load_tokenizer(hf_folder(spec.model.hf_path))
     shape = shape_of_spec(spec)
     nvme = [s for s in spec.strategy if s.uses_nvme]
     if nvme:
@@ -78,3 +77,4 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> None:
     for strategy in nvme:
         check_buffer_fits_largest_param(strategy, shape.largest_param_numel)
     check_disk_for_run(spec, run_dir, shape.n_params)
+    return shape

@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from offloadlab.engines import engine_class
 from offloadlab.engines.ops import announce_on, ensure_built
+from offloadlab.plan.accounting import Shape
 from offloadlab.results.rundir import LOCK_NAME, NVME_PREFIX, RunDir, RunDirError, signals_ignored
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore, StoreError
@@ -313,14 +314,13 @@ class Runner:
         return left
 
 
-def check_fits(spec: RunSpec, console: Console, force: bool) -> None:
+def check_fits(spec: RunSpec, shape: Shape, console: Console, force: bool) -> None:
     """Ask the planner before any process starts: refuse a spec none of whose strategies fits this machine,
     and say which ones are predicted not to fit."""
-    from offloadlab.plan.accounting import Placement, shape_of_spec
+    from offloadlab.plan.accounting import Placement
     from offloadlab.plan.inputs import detect_machine, swap_buffers_of
     from offloadlab.plan.predict import predict
 
-    shape = shape_of_spec(spec)
     machine = detect_machine(spec.nproc, None, None, spec.nvme_path)
     unfit = {}
     for s in spec.strategy:
@@ -380,8 +380,8 @@ def run_spec(
     force: bool = False,
 ) -> Path:
     run_dir = new_run_dir(spec, out)
-    preflight_run(spec, run_dir.root)
-    check_fits(spec, console, force)
+    shape = preflight_run(spec, run_dir.root)
+    check_fits(spec, shape, console, force)
     # Built here, once, with the wait explained, rather than by the first rank that needs it inside a job.
     ensure_built((op for s in spec.strategy for op in s.ops_needed), announce_on(console))
     run_dir.root.mkdir(parents=True, exist_ok=True)

@@ -66,12 +66,11 @@ class TokenSource:
         """The run's data for its model: a Hugging Face model's text goes through the model's tokenizer."""
         from offloadlab.workload.model import vocab_size
 
-        folder = spec.model.hf_model or spec.model.hf_config
         tokenizer = None
-        if folder is not None:
+        if spec.model.is_hf:
             from offloadlab.workload.hf import hf_folder
 
-            tokenizer = hf_folder(folder)
+            tokenizer = hf_folder(spec.model.hf_path)
         return cls(spec.data, vocab_size(spec.model, spec.seq_len), spec.seq_len, spec.seed, tokenizer)
 
 

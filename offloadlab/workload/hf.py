@@ -76,6 +76,11 @@ def load_config(folder: Path):
         raise SpecError(f"{folder}: transformers cannot read this config ({err})") from None
 
 
+def spec_config(spec: ModelSpec):
+    """The transformers config of the spec's Hugging Face model."""
+    return load_config(hf_folder(spec.hf_path))
+
+
 def causal_lm_class(config) -> type[nn.Module]:
     """The config's causal-LM class, its module imported now (see the module docstring for why)."""
     import torch._dynamo  # noqa: F401 - imported before zero.Init patches Tensor.__new__
@@ -128,7 +133,7 @@ def _largest_module_list(module: nn.Module) -> nn.ModuleList:
 
 def hf_factory(spec: ModelSpec, seed: int) -> Callable[[], HFCausalLM]:
     """Everything imported and read now; the returned call only builds (under zero.Init if one is open)."""
-    config = load_config(hf_folder(spec.hf_model or spec.hf_config))
+    config = spec_config(spec)
     model_class = causal_lm_class(config)
 
     def build() -> HFCausalLM:

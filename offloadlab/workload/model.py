@@ -161,9 +161,9 @@ def build_model(spec: ModelSpec, seq_len: int, seed: int) -> nn.Module:
 
 def vocab_size(spec: ModelSpec, seq_len: int) -> int:
     if spec.is_hf:
-        from offloadlab.workload.hf import hf_folder, load_config
+        from offloadlab.workload.hf import spec_config
 
-        return load_config(hf_folder(spec.hf_model or spec.hf_config)).vocab_size
+        return spec_config(spec).vocab_size
     return gpt_config(spec, seq_len).vocab_size
 
 
