@@ -238,8 +238,7 @@ def test_the_planners_activation_bytes_are_a_real_layers(family, precision):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_planners_activation_bytes_are_the_gpt_blocks(precision):
-    """17 d was fitted to the H200's GPU peaks (1.42B within 3%); on the CPU the block keeps 16.1 d (its
-    attention saves one d-sized tensor fewer), so this holds the formula to that within 7%."""
+    """The formula's 16 d against the tensors a real block saves (16.1 d: a few fp32 statistics more)."""
     from offloadlab.plan.accounting import gpt_block_activation_bytes
     from offloadlab.workload.model import Block, GPTConfig
 
@@ -247,7 +246,7 @@ def test_the_planners_activation_bytes_are_the_gpt_blocks(precision):
     block = Block(GPTConfig(d_model=128, n_layers=1, n_heads=4, vocab_size=256)).to(dtype)
     x = torch.randn(2, 64, 128, dtype=dtype, requires_grad=True)
     measured = block_saved_bytes_per_token(block, lambda: block(x), 2 * 64)
-    assert measured == pytest.approx(gpt_block_activation_bytes(128, dtype.itemsize), rel=0.07)
+    assert measured == pytest.approx(gpt_block_activation_bytes(128, dtype.itemsize), rel=0.02)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

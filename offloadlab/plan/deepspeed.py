@@ -88,6 +88,13 @@ def params_kept_at_turn(p: Placement, shape: Shape) -> float:
     return float(min(p.strategy.stage3_max_reuse_distance, p.strategy.stage3_max_live_parameters, shape.n_params))
 
 
+def gathers_copies(p: Placement, world: int) -> bool:
+    """Whether ZeRO-3 gathers a parameter into memory of its own. On one rank with the parameters on the
+    GPU it does not: the partition is the whole parameter and DeepSpeed points the module at it
+    (partition_parameters' NoGatherHandle; the H200's allocator history shows no gathered copies)."""
+    return p.strategy.zero_stage == 3 and (world > 1 or p.strategy.offload_param != "none")
+
+
 def params_on_nvme(p: Placement, shape: Shape, world: int) -> float:
     """Parameter elements DeepSpeed really keeps on NVMe, all ranks.
 
@@ -119,10 +126,15 @@ def model_states(p: Placement, shape: Shape, world: int) -> Memory:
         m.add("nvme", "parameters", b.param * params_on_nvme(p, shape, world))
     else:
         m.add(_place_of(p.strategy.offload_param), "parameters", b.param * params_here)
-    if p.strategy.zero_stage == 3:
+    if gathers_copies(p, world):
         # The layer being gathered: its 16-bit parameters and their gradients (DeepSpeed's largest_layer_memory).
         m.add("gpu", "gathered layer", (b.param + b.grad) * shape.largest_param_numel)
         m.add("gpu", "parameters kept for reuse", b.param * params_kept_at_turn(p, shape))
+    if p.strategy.zero_stage < 3 and p.strategy.offload_optimizer != "none":
+        # Where ZeRO-1/2 stage a parameter's gradient on its way to and from the CPU
+        # (stage_1_and_2's temp_grad_buffer_for_gpu_offload / _for_cpu_offload), held throughout.
+        m.add("gpu", "gradient staging buffer", b.grad * shape.largest_param_numel)
+        m.add("host_pinned", "gradient staging buffer", b.grad * shape.largest_param_numel)
     if p.strategy.offload_optimizer == "none" and p.strategy.zero_stage < 3:
         m.add("gpu", "gradients", b.grad * (n if p.strategy.zero_stage == 1 else n / world))
     # ZeRO-3 reduces gradients straight into the optimizer's fp32 partition, and with the optimizer
