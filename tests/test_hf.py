@@ -83,7 +83,7 @@ def first_losses(run_dir: Path) -> dict[str, float]:
 def test_the_model_starts_from_the_files_weights(tmp_path, family):
     folder = save_checkpoint(tmp_path / family, family)
     model = build_model(ModelSpec(hf_model=folder), seq_len=32, seed=0)
-    load_initial_state(model, initial_state(ModelSpec(hf_model=folder), seed=0, partitioned=False))
+    load_initial_state(model, initial_state(ModelSpec(hf_model=folder), seed=0, built_empty=False))
     files = SafetensorsState(folder)
     for name, param in model.inner.named_parameters():
         assert torch.equal(param, files[name]), name
@@ -374,3 +374,39 @@ def test_the_planned_configs_train_users_own_scripts(tmp_path):
     for cmd in runs:
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0 and "trained" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_parameters_on_meta_keeps_no_weights_but_computes_the_buffers(tmp_path):
+    """What FSDP2 builds before it fills its shards: no parameter memory, and the rotary frequencies (which
+    no checkpoint holds) as a normal build computes them."""
+    from offloadlab.workload.hf import parameters_on_meta
+
+    folder = save_checkpoint(tmp_path / "llama", "llama")
+    with parameters_on_meta():
+        empty = build_model(ModelSpec(hf_model=folder), seq_len=32, seed=0)
+    full = build_model(ModelSpec(hf_model=folder), seq_len=32, seed=0)
+    assert all(p.is_meta for p in empty.parameters())
+    assert [n for n, _ in empty.named_parameters()] == [n for n, _ in full.named_parameters()]
+    buffers = dict(full.named_buffers())
+    assert buffers and all(torch.equal(b, buffers[n]) for n, b in empty.named_buffers())
+    assert not torch.nn.Linear(2, 2).weight.is_meta  # the patch is gone after the block
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_fill_their_own_shards_from_the_files(tmp_path):
+    """Built on the meta device, each rank cuts its half of every tensor from the files: the loss over both
+    ranks' samples is what transformers computes from the same files."""
+    folder = save_checkpoint(tmp_path / "llama", "llama")
+    spec = write_spec(
+        tmp_path, [dict(name="fsdp2", engine="fsdp2")], **{**BATCH, "micro_batch": 1}, nproc=2, model=dict(hf_model="llama")
+    )
+    cli("run", str(spec), "--out", str(tmp_path / "run"))
+    source = TokenSource(DataSpec(), 256, BATCH["seq_len"], seed=0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    with torch.no_grad():
+        losses = [
+            lm_loss(model(input_ids=b.inputs, use_cache=False).logits, b.targets).item()
+            for rank in (0, 1)
+            for b in source.micro_batches(0, rank, 2, 1, 1)
+        ]
+    assert first_losses(tmp_path / "run")["fsdp2"] == pytest.approx(sum(losses) / 2, rel=1e-4)

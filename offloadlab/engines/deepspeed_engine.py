@@ -21,7 +21,7 @@ from offloadlab.engines.ops import choose_deepspeed_accelerator, load_op
 from offloadlab.results.status import Status
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
 from offloadlab.workload.data import Batch
-from offloadlab.workload.hf import initial_state, load_initial_state
+from offloadlab.workload.hf import copy_whole, initial_state, load_initial_state
 from offloadlab.workload.model import lm_loss, model_factory
 
 CHECKPOINT_TAG = "state"
@@ -260,6 +260,14 @@ def _drop_pages(chunk: np.ndarray) -> None:
         _LIBC.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), _MADV_DONTNEED)
 
 
+def _write_gathered(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Whole on every rank inside; rank 0's copy is what is partitioned again."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+        param.copy_(value)
+
+
 def build_deepspeed(
     spec: RunSpec, strategy: DeepSpeedStrategy, ctx: DistContext, nvme_dir: Path | None
 ) -> DeepSpeedEngine:
@@ -279,9 +287,8 @@ def build_deepspeed(
             model = build()
     else:
         model = build()
-    state = initial_state(spec.model, spec.seed, partitioned)
+    state = initial_state(spec.model, spec.seed, built_empty=partitioned)
     if state is not None:
-        gathered = (lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=0)) if partitioned else None
-        load_initial_state(model, state, gathered)
+        load_initial_state(model, state, _write_gathered if partitioned else copy_whole)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     return DeepSpeedEngine(ctx, engine)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -12,14 +13,14 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from offloadlab.engines.base import Engine
 from offloadlab.engines.digests import digest_tree, tensor_digest
 from offloadlab.engines.dist import DistContext, global_mean
 from offloadlab.spec import FSDP2Strategy, RunSpec
 from offloadlab.workload.data import Batch
-from offloadlab.workload.hf import initial_state, load_initial_state
+from offloadlab.workload.hf import initial_state, load_initial_state, parameters_on_meta
 from offloadlab.workload.model import build_model, lm_loss
 
 PROGRESS_FILE = "progress.json"
@@ -118,12 +119,12 @@ def _gathered(tensor: torch.Tensor) -> torch.Tensor:
 def build_fsdp2(spec: RunSpec, strategy: FSDP2Strategy, ctx: DistContext) -> FSDP2Engine:
     dist.init_process_group(backend=ctx.backend, device_id=ctx.device if ctx.device.type == "cuda" else None)
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-    # Built on the CPU (same generator as DeepSpeed's build); fully_shard moves the shards to the mesh's
-    # device unless they are offloaded.
-    model = build_model(spec.model, spec.seq_len, spec.seed)
-    state = initial_state(spec.model, spec.seed, partitioned=False)
-    if state is not None:  # a checkpoint's weights, loaded whole before sharding
-        load_initial_state(model, state)
+    # A Hugging Face model is built on the meta device and each rank fills only its shards, a tensor at a
+    # time, so no rank holds the whole model. A GPT preset is built on the CPU (its init is seeded per leaf,
+    # as under DeepSpeed) and fully_shard moves the shards to the mesh's device unless they are offloaded.
+    empty = spec.model.is_hf
+    with parameters_on_meta() if empty else contextlib.nullcontext():
+        model = build_model(spec.model, spec.seq_len, spec.seed)
     apply_fsdp(
         model,
         mesh,
@@ -132,8 +133,29 @@ def build_fsdp2(spec: RunSpec, strategy: FSDP2Strategy, ctx: DistContext) -> FSD
         pin_memory=strategy.pin_memory and ctx.device.type == "cuda",
         reshard_after_forward=strategy.reshard_after_forward,
     )
+    if empty:
+        materialize_shards(model, torch.device("cpu") if strategy.cpu_offload else ctx.device)
+        load_initial_state(model, initial_state(spec.model, spec.seed, built_empty=True), write_own_shard)
     # Created after sharding, so it holds the DTensor shards rather than the full parameters.
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=spec.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=spec.weight_decay
     )
     return FSDP2Engine(ctx, model, optimizer, spec.grad_clip)
+
+
+def materialize_shards(model: nn.Module, device: torch.device) -> None:
+    """Give the meta-device shards memory on `device` (uninitialised: the state is copied in next). The
+    buffers were computed at build and moved to the compute device by fully_shard: kept as they are."""
+    buffers = [(module, name, buffer) for module in model.modules() for name, buffer in module._buffers.items()]
+    model.to_empty(device=device)
+    for module, name, buffer in buffers:
+        module._buffers[name] = buffer
+
+
+def write_own_shard(param: torch.Tensor, value: torch.Tensor) -> None:
+    """This rank's shard of a whole tensor, cut locally (every rank reads the same file: no collective)."""
+    if not isinstance(param, DTensor):
+        param.copy_(value)
+        return
+    shard = distribute_tensor(value.to(param.dtype), param.device_mesh, param.placements, src_data_rank=None)
+    param.to_local().copy_(shard.to_local())

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -173,21 +174,28 @@ class SafetensorsState(Mapping):
         return len(self._where)
 
 
-def initial_state(spec: ModelSpec, seed: int, partitioned: bool) -> Mapping[str, torch.Tensor] | None:
+def initial_state(spec: ModelSpec, seed: int, built_empty: bool) -> Mapping[str, torch.Tensor] | None:
     """The weights a model must start from when its own build does not give them: a checkpoint's always;
-    for random weights, those of the same seeded build on the CPU when the engine partitions the model
-    as it builds it (ZeRO-3). None: the build already holds them (GPT presets init before partitioning)."""
+    for random weights, those of the same seeded build on the CPU when the engine builds the model without
+    values (ZeRO-3 partitions each parameter as it is created; FSDP2 builds on the meta device). None: the
+    build already holds them (GPT presets init before partitioning)."""
     if spec.hf_model is not None:
         return SafetensorsState(hf_folder(spec.hf_model))
-    if spec.hf_config is not None and partitioned:
+    if spec.hf_config is not None and built_empty:
         return {name: t.detach() for name, t in hf_factory(spec, seed)().inner.state_dict().items()}
     return None
 
 
-def load_initial_state(model: HFCausalLM, state: Mapping[str, torch.Tensor], gathered=None) -> None:
-    """Copy `state` into the model's parameters (tied ones once) and persistent buffers. `gathered(params)`:
-    a context that makes partitioned parameters whole and writable on this rank and partitions them
-    again after (ZeRO-3's GatheredParameters); None for a model that is whole already."""
+def copy_whole(param: torch.Tensor, value: torch.Tensor) -> None:
+    param.copy_(value)
+
+
+def load_initial_state(
+    model: HFCausalLM, state: Mapping[str, torch.Tensor], write: Callable[[torch.Tensor, torch.Tensor], None] = copy_whole
+) -> None:
+    """Copy `state` into the model's parameters (tied ones once) and persistent buffers, a tensor at a time.
+    `write(param, value)` puts one whole tensor into the engine's parameter: a plain copy, ZeRO-3's gather
+    and partition, or FSDP2's own shard of it."""
     named = dict(model.inner.named_parameters())  # tied weights appear once, under their first name
     missing = [name for name in named if name not in state]
     if missing:
@@ -197,12 +205,26 @@ def load_initial_state(model: HFCausalLM, state: Mapping[str, torch.Tensor], gat
         )
     with torch.no_grad():
         for name, param in named.items():
-            value = state[name]
-            if gathered is None:
-                param.copy_(value)
-                continue
-            with gathered([param]):  # whole on every rank inside; rank 0's copy is what is kept
-                param.copy_(value)
+            write(param, state[name])
         for name, buffer in model.inner.named_buffers():
             if name in state:
                 buffer.copy_(state[name])
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Build a model whose parameters take no memory (the meta device) while its buffers (rotary
+    frequencies, which no checkpoint holds) are computed as usual: each parameter moves to the meta device
+    as its module registers it, so at most one is ever real (accelerate's init_empty_weights does the same)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
