@@ -398,7 +398,11 @@ def test_two_fsdp2_ranks_fill_their_own_shards_from_the_files(tmp_path):
     ranks' samples is what transformers computes from the same files."""
     folder = save_checkpoint(tmp_path / "llama", "llama")
     spec = write_spec(
-        tmp_path, [dict(name="fsdp2", engine="fsdp2")], **{**BATCH, "micro_batch": 1}, nproc=2, model=dict(hf_model="llama")
+        tmp_path,
+        [dict(name="fsdp2", engine="fsdp2")],
+        **{**BATCH, "micro_batch": 1},
+        nproc=2,
+        model=dict(hf_model="llama"),
     )
     cli("run", str(spec), "--out", str(tmp_path / "run"))
     source = TokenSource(DataSpec(), 256, BATCH["seq_len"], seed=0)

@@ -191,7 +191,9 @@ def copy_whole(param: torch.Tensor, value: torch.Tensor) -> None:
 
 
 def load_initial_state(
-    model: HFCausalLM, state: Mapping[str, torch.Tensor], write: Callable[[torch.Tensor, torch.Tensor], None] = copy_whole
+    model: HFCausalLM,
+    state: Mapping[str, torch.Tensor],
+    write: Callable[[torch.Tensor, torch.Tensor], None] = copy_whole,
 ) -> None:
     """Copy `state` into the model's parameters (tied ones once) and persistent buffers, a tensor at a time.
     `write(param, value)` puts one whole tensor into the engine's parameter: a plain copy, ZeRO-3's gather
