@@ -124,6 +124,42 @@ class AioSettings(_Strict):
         return AioSettings(**{**self.model_dump(), **changes})
 
 
+class ZenFlowSettings(_Strict):
+    """DeepSpeed's `zenflow` block (runtime/zenflow/zenflow_config.py), defaults as DeepSpeed's. ZenFlow
+    updates the top-k gradient columns on the GPU every step and the rest on the CPU every update_interval
+    steps, overlapped with training when overlap_step is on: faster, but not exact AdamW."""
+
+    topk_ratio: float = Field(default=0.1, gt=0, lt=1)
+    """Share of gradient columns updated on the GPU each step."""
+    select_strategy: Literal["auto", "step", "epoch"] = "auto"
+    select_interval: int | Literal["auto"] = "auto"
+    """Steps (or epochs) between re-selecting the top-k columns; an integer unless select_strategy = "auto"."""
+    update_interval: int | Literal["auto"] = "auto"
+    """Steps between the CPU's updates of the other columns."""
+    overlap_step: bool = False
+    """Run the CPU update in worker processes while the next steps train."""
+    offload: bool = False
+    """Keep the selective optimizer's states in CPU memory too."""
+    auto_ratio: float = Field(default=0.99, ge=0, le=1)
+    full_warm_up_rounds: int = Field(default=0, ge=0)
+    pt_reserved_cores_perc: float = Field(default=0.5, ge=0, le=1)
+    """Share of the CPU cores left to torch; the rest run ZenFlow's optimizer workers."""
+
+    @model_validator(mode="after")
+    def _intervals(self) -> "ZenFlowSettings":
+        if self.select_strategy == "auto" and self.select_interval != "auto":
+            raise ValueError('select_interval must stay "auto" with select_strategy = "auto"')
+        if self.select_strategy != "auto" and self.select_interval == "auto":
+            raise ValueError(f'select_strategy = "{self.select_strategy}" needs an integer select_interval')
+        for key in ("select_interval", "update_interval"):
+            if isinstance(getattr(self, key), int) and getattr(self, key) < 1:
+                raise ValueError(f"{key} must be at least 1")
+        if isinstance(self.select_interval, int) and isinstance(self.update_interval, int):
+            if self.select_interval < self.update_interval:
+                raise ValueError("select_interval must be at least update_interval")
+        return self
+
+
 class DeepSpeedStrategy(_Strict):
     name: SafeName
     engine: Literal["deepspeed"]
@@ -144,6 +180,18 @@ class DeepSpeedStrategy(_Strict):
     stage3_max_live_parameters: int = Field(default=1_000_000_000, gt=0)
     stage3_max_reuse_distance: int = Field(default=1_000_000_000, gt=0)
     stage3_prefetch_bucket_size: int = Field(default=50_000_000, gt=0)
+    sub_group_size: int = Field(default=1_000_000_000, gt=0)
+    """ZeRO-3's optimizer sub-group, in elements: the tile the NVMe optimizer swaps and steps at a time."""
+    pipeline_read: bool = False
+    """offload_optimizer = "nvme": read the next sub-group while the current one steps."""
+    pipeline_write: bool = False
+    """offload_optimizer = "nvme": write the previous sub-group while the current one steps."""
+    super_offload: bool = False
+    """DeepSpeed's SuperOffload (ZeRO-3, optimizer on the CPU; made for Grace-Hopper superchips)."""
+    cpuadam_cores_perc: float = Field(default=0.8, gt=0, le=1)
+    """super_offload: the share of CPU cores its CPU Adam workers use."""
+    zenflow: ZenFlowSettings | None = None
+    """DeepSpeed's ZenFlow (optimizer on the CPU): a [strategy.zenflow] table turns it on."""
     aio: AioSettings = AioSettings()
 
     @model_validator(mode="after")
@@ -152,7 +200,27 @@ class DeepSpeedStrategy(_Strict):
             raise ValueError(f"offload_param = {self.offload_param!r} needs zero_stage = 3")
         if self.offload_optimizer == "nvme" and self.zero_stage != 3:
             raise ValueError('offload_optimizer = "nvme" needs zero_stage = 3')
+        if (self.pipeline_read or self.pipeline_write) and self.offload_optimizer != "nvme":
+            raise ValueError('pipeline_read and pipeline_write pipeline NVMe swaps: they need offload_optimizer = "nvme"')
+        if self.super_offload and (self.zero_stage != 3 or self.offload_optimizer != "cpu"):
+            raise ValueError('super_offload needs zero_stage = 3 and offload_optimizer = "cpu"')
+        if self.zenflow is not None and self.offload_optimizer != "cpu":
+            raise ValueError('zenflow needs offload_optimizer = "cpu" (it splits the update between GPU and CPU)')
+        if self.zenflow is not None and self.super_offload:
+            raise ValueError("choose zenflow or super_offload: DeepSpeed runs one CPU optimizer")
         return self
+
+    @property
+    def exact(self) -> bool:
+        """Whether each step applies exact AdamW (ZenFlow's selective updates do not)."""
+        return self.zenflow is None
+
+    @property
+    def needs_cuda(self) -> str | None:
+        """Why this strategy cannot run without a CUDA GPU, or None."""
+        if self.super_offload:
+            return "super_offload runs only on CUDA GPUs (DeepSpeed's SuperOffload asserts it)"
+        return None
 
     @property
     def uses_nvme(self) -> bool:
@@ -178,6 +246,23 @@ class FSDP2Strategy(_Strict):
     """Wrap with CPUOffloadPolicy: parameters, gradients and optimizer step live on the CPU."""
     pin_memory: bool = True
     reshard_after_forward: bool = True
+    cpu_optimizer: Literal["torch", "deepspeed"] = "torch"
+    """cpu_offload: which AdamW steps the CPU shards: torch's, or DeepSpeed's CPU Adam (SIMD, threaded;
+    the same update)."""
+
+    @model_validator(mode="after")
+    def _optimizer_on_cpu(self) -> "FSDP2Strategy":
+        if self.cpu_optimizer != "torch" and not self.cpu_offload:
+            raise ValueError(f'cpu_optimizer = "{self.cpu_optimizer}" steps CPU shards: it needs cpu_offload = true')
+        return self
+
+    @property
+    def exact(self) -> bool:
+        return True
+
+    @property
+    def needs_cuda(self) -> str | None:
+        return None
 
     @property
     def uses_nvme(self) -> bool:
@@ -189,7 +274,7 @@ class FSDP2Strategy(_Strict):
 
     @property
     def ops_needed(self) -> tuple[str, ...]:
-        return ()
+        return ("cpu_adam",) if self.cpu_optimizer == "deepspeed" else ()
 
 
 Strategy = Annotated[Union[DeepSpeedStrategy, FSDP2Strategy], Field(discriminator="engine")]
@@ -229,6 +314,8 @@ class RunSpec(_Strict):
             raise ValueError(f"strategy names must be unique: {', '.join(dupes)}")
         if any(s.uses_nvme for s in self.strategy) and self.nvme_path is None:
             raise ValueError("a strategy offloads to nvme: set nvme_path to a folder on the NVMe drive")
+        if self.grad_accum > 1 and any(getattr(s, "zenflow", None) for s in self.strategy):
+            raise ValueError("zenflow takes over DeepSpeed's gradient accumulation for its update_interval: set grad_accum = 1")
         if self.verify_checkpoint and self.steps < 2:
             raise ValueError("verify_checkpoint needs steps >= 2 (save at step k, compare step k+1)")
         if self.checkpoint_step >= self.steps:

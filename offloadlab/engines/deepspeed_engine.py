@@ -42,11 +42,23 @@ def deepspeed_config(spec: RunSpec, strategy: DeepSpeedStrategy, world_size: int
             "pin_memory": strategy.pin_memory,
             "ratio": strategy.ratio,
             **(
-                {"nvme_path": str(nvme_dir), "buffer_count": strategy.optimizer_buffer_count}
+                {
+                    "nvme_path": str(nvme_dir),
+                    "buffer_count": strategy.optimizer_buffer_count,
+                    "pipeline_read": strategy.pipeline_read,
+                    "pipeline_write": strategy.pipeline_write,
+                }
                 if strategy.offload_optimizer == "nvme"
                 else {}
             ),
+            **(
+                {"super_offload": True, "cpuadam_cores_perc": strategy.cpuadam_cores_perc}
+                if strategy.super_offload
+                else {}
+            ),
         }
+    if strategy.zenflow is not None:
+        zero["zenflow"] = strategy.zenflow.model_dump()
     if strategy.offload_param != "none":
         zero["offload_param"] = {
             "device": strategy.offload_param,
@@ -68,6 +80,7 @@ def deepspeed_config(spec: RunSpec, strategy: DeepSpeedStrategy, world_size: int
             stage3_max_reuse_distance=strategy.stage3_max_reuse_distance,
             stage3_prefetch_bucket_size=strategy.stage3_prefetch_bucket_size,
             stage3_param_persistence_threshold=0,
+            sub_group_size=strategy.sub_group_size,
         )
     return {
         "train_micro_batch_size_per_gpu": spec.micro_batch,
@@ -291,4 +304,34 @@ def build_deepspeed(
     if state is not None:
         load_initial_state(model, state, _write_gathered if partitioned else copy_whole)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    if strategy.zenflow is not None and strategy.zero_stage < 3:
+        point_zenflow_weights_at_their_columns(engine.optimizer)
     return DeepSpeedEngine(ctx, engine)
+
+
+def point_zenflow_weights_at_their_columns(optimizer) -> None:
+    """Work around DeepSpeed 0.19.8's ZenFlow at ZeRO-1/2 training with scrambled weights.
+
+    ZenFlow flattens each 2-D parameter transposed, columns contiguous (zenflow_utils._flatten_dense_tensors),
+    but the ZeRO-1/2 optimizer points the module at its slice of that buffer viewed untransposed
+    (_update_model_bit16_weights), after initialize and after every step: the model computes with the
+    weights scrambled (a tiny GPT's first loss 5.574 against 5.579 from the same weights elsewhere), and
+    each gradient is flattened back transposed onto other elements. Pointing each 2-D parameter at its
+    slice transposed back restores the model's own weights, and gradients land where ZenFlow keeps them."""
+
+    def update_model_weights(group_index: int) -> None:
+        flat = optimizer.bit16_groups_flat[group_index]
+        for p, meta, offset in zip(
+            optimizer.round_robin_bit16_groups[group_index],
+            optimizer.round_robin_bit16_meta[group_index],
+            optimizer.round_robin_bit16_offsets[group_index],
+        ):
+            piece = flat.narrow(0, offset, meta.numel())
+            p.data = piece.view(meta.shape[1], meta.shape[0]).t() if meta.dim() == 2 else piece.view(meta.shape)
+        for param_index, param in enumerate(optimizer.bit16_groups[group_index]):
+            new_index = optimizer.round_robin_bit16_indices[group_index][param_index]
+            param.data = optimizer.round_robin_bit16_groups[group_index][new_index].data
+
+    optimizer._update_model_bit16_weights = update_model_weights
+    for group_index in range(len(optimizer.bit16_groups)):
+        update_model_weights(group_index)

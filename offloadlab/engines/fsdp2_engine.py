@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from offloadlab.engines.base import Engine
 from offloadlab.engines.digests import digest_tree, tensor_digest
 from offloadlab.engines.dist import DistContext, global_mean
+from offloadlab.engines.ops import choose_deepspeed_accelerator, load_op
 from offloadlab.spec import FSDP2Strategy, RunSpec
 from offloadlab.workload.data import Batch
 from offloadlab.workload.hf import initial_state, load_initial_state, parameters_on_meta
@@ -49,9 +50,17 @@ def apply_fsdp(
 class FSDP2Engine(Engine):
     restores_at_other_world_size = True  # DCP checkpoints reshard on load
 
-    def __init__(self, ctx: DistContext, model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float):
+    def __init__(
+        self,
+        ctx: DistContext,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        grad_clip: float,
+        clip_locally: bool = False,
+    ):
         super().__init__(ctx)
         self.model, self.optimizer, self.grad_clip = model, optimizer, grad_clip
+        self.clip_locally = clip_locally
 
     @classmethod
     def build(cls, spec: RunSpec, strategy: FSDP2Strategy, ctx: DistContext, nvme_dir: Path | None) -> "FSDP2Engine":
@@ -77,7 +86,10 @@ class FSDP2Engine(Engine):
                 (loss / len(batches)).backward()
             losses.append(loss.item())
         with self.phase("optimizer"):
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            if self.clip_locally:
+                clip_local_shards(list(self.model.parameters()), self.grad_clip)
+            else:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return global_mean(sum(losses) / len(losses), self.ctx)
@@ -137,10 +149,59 @@ def build_fsdp2(spec: RunSpec, strategy: FSDP2Strategy, ctx: DistContext) -> FSD
         materialize_shards(model, torch.device("cpu") if strategy.cpu_offload else ctx.device)
         load_initial_state(model, initial_state(spec.model, spec.seed, built_empty=True), write_own_shard)
     # Created after sharding, so it holds the DTensor shards rather than the full parameters.
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=spec.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=spec.weight_decay
-    )
-    return FSDP2Engine(ctx, model, optimizer, spec.grad_clip)
+    adamw = dict(lr=spec.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=spec.weight_decay)
+    if strategy.cpu_optimizer == "deepspeed":
+        optimizer = sharded_cpu_adam(model.parameters(), **adamw)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), **adamw)
+    return FSDP2Engine(ctx, model, optimizer, spec.grad_clip, clip_locally=strategy.cpu_optimizer == "deepspeed")
+
+
+def sharded_cpu_adam(params, **adamw) -> torch.optim.Optimizer:
+    """DeepSpeed's CPU AdamW over FSDP2's CPU shards (measured 2.35x faster than torch's on an H200 host)."""
+    choose_deepspeed_accelerator()
+    load_op("cpu_adam")  # through offloadlab's build lock; DeepSpeed then reuses what is loaded
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    class ShardedCPUAdam(DeepSpeedCPUAdam):
+        """Its C++ update runs on each rank's local shard of a parameter; the moments stay DTensors, as
+        torch's AdamW keeps them, so DCP saves and reshards this state the same way."""
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                beta1, beta2 = group["betas"]
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state[p]
+                    if not state:
+                        state["step"] = 0
+                        state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                        state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["step"] += 1
+                    self.ds_opt_adam.adam_update(
+                        self.opt_id, state["step"], group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                        group["bias_correction"], _local(p), _local(p.grad), _local(state["exp_avg"]),
+                        _local(state["exp_avg_sq"]),
+                    )  # fmt: skip
+
+    return ShardedCPUAdam(params, adamw_mode=True, **adamw)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def clip_local_shards(params: list[torch.Tensor], max_norm: float) -> None:
+    """clip_grad_norm_ over the shards: one norm per local shard, one all-reduce of their squares, one
+    scaling, all on plain tensors (torch's over DTensors dispatches each op through DTensor, per tensor)."""
+    grads = [_local(p.grad) for p in params if p.grad is not None]
+    squares = torch.stack(torch._foreach_norm(grads)).square().sum()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(squares)
+    scale = (max_norm / (squares.sqrt() + 1e-6)).clamp(max=1.0)
+    torch._foreach_mul_(grads, scale)
 
 
 def materialize_shards(model: nn.Module, device: torch.device) -> None:

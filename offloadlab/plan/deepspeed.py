@@ -22,9 +22,6 @@ from dataclasses import dataclass
 
 from offloadlab.plan.accounting import Links, Memory, Placement, Shape, SwapBuffers, loss_bytes
 
-# DeepSpeed's NVMe optimizer swapper keeps this many fp32 sub-group buffers pinned (optimizer_buffer_count
-# in the config is their number); their size is the largest sub-group (see deepspeed_sub_groups).
-DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000
 # DeepSpeed's default reduce_bucket_size (offloadlab leaves it alone), in elements of the model's dtype.
 DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
 
@@ -49,16 +46,17 @@ def _place_of(device: str) -> str:
     return {"none": "gpu", "cpu": "host_pinned", "nvme": "nvme"}[device]
 
 
-def sub_groups(shape: Shape, world: int) -> list[int]:
+def sub_groups(shape: Shape, world: int, size: int = 1_000_000_000) -> list[int]:
     """A rank's ZeRO-3 sub-groups in elements, as DeepSpeed forms them (stage3._create_fp16_sub_groups):
-    parameter partitions, in the model's order, collected until a group reaches sub_group_size."""
+    parameter partitions, in the model's order, collected until a group reaches `size` (the strategy's
+    sub_group_size; DeepSpeed's default 1e9)."""
     partitions = [math.ceil(numel / world) for numel in shape.param_numels]
-    if sum(partitions) <= DEEPSPEED_SUB_GROUP_SIZE:
+    if sum(partitions) <= size:
         return [sum(partitions)]
     groups, current = [], 0
     for numel in partitions:
         current += numel
-        if current >= DEEPSPEED_SUB_GROUP_SIZE:
+        if current >= size:
             groups, current = groups + [current], 0
     return groups + ([current] if current else [])
 
@@ -72,7 +70,7 @@ def host_optimizer_share(p: Placement, shape: Shape, world: int) -> float:
         return 0.0
     if p.strategy.ratio >= 1.0 or p.strategy.zero_stage != 3:
         return 1.0
-    groups = sub_groups(shape, world)
+    groups = sub_groups(shape, world, p.strategy.sub_group_size)
     return sum(groups[int((1 - p.strategy.ratio) * len(groups)) :]) / sum(groups)
 
 
@@ -110,7 +108,7 @@ def params_on_nvme(p: Placement, shape: Shape, world: int) -> float:
         1, min(math.ceil(shape.n_params / world), p.strategy.max_in_cpu)
     )  # DeepSpeed's empty buffer has 1 element
     used, on_disk = 0, 0
-    for group in sub_groups(shape, world):
+    for group in sub_groups(shape, world, p.strategy.sub_group_size):
         if used + group > room:
             on_disk += group
         used += group
@@ -153,7 +151,7 @@ def model_states(p: Placement, shape: Shape, world: int) -> Memory:
         )
         if share < 1.0:
             m.add("gpu", "optimizer states", optimizer * (1 - share))
-            m.add("gpu_step", "AdamW's temporary (one sub-group)", 4 * max(sub_groups(shape, world)))
+            m.add("gpu_step", "AdamW's temporary (one sub-group)", 4 * max(sub_groups(shape, world, p.strategy.sub_group_size)))
     return m
 
 
@@ -190,7 +188,7 @@ def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, 
                 buffers.param_buffer_count * buffers.param_buffer_size * shape.param_bytes,
             )
         if p.strategy.offload_optimizer == "nvme":
-            sub_group = max(sub_groups(shape, world))
+            sub_group = max(sub_groups(shape, world, p.strategy.sub_group_size))
             m.add("host_pinned", "optimizer swap buffers", buffers.optimizer_buffer_count * sub_group * 4)
     return m
 
@@ -242,7 +240,7 @@ def optimizer_swap_bytes(p: Placement, shape: Shape, world: int) -> float:
     smaller ones stay in memory.
     """
     min_bytes = max(1 << 20, p.strategy.aio.block_size)
-    states = sum(12 * g for g in sub_groups(shape, world) if 4 * g >= min_bytes)
+    states = sum(12 * g for g in sub_groups(shape, world, p.strategy.sub_group_size) if 4 * g >= min_bytes)
     grads = sum(4 * numel / world for numel in shape.param_numels if 4 * numel / world >= min_bytes)
     return (states + grads) * world
 

@@ -54,6 +54,19 @@ def check_disk_for_run(spec: RunSpec, run_dir: Path, n_params: int) -> None:
             raise PreflightError(f"{err}{fix}") from None
 
 
+def check_gpu_only_strategies(spec: RunSpec) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    for strategy in spec.strategy:
+        if strategy.needs_cuda:
+            raise PreflightError(
+                f"strategy {strategy.name}: {strategy.needs_cuda}, and this machine has none: run it on a GPU "
+                "machine, or remove the strategy here"
+            )
+
+
 def preflight_run(spec: RunSpec, run_dir: Path) -> Shape:
     """Everything `offloadlab run` can check before it starts a process; run_dir need not exist yet.
     Returns the model's shape, which the fit check reads too (built once: an HF config is read for it)."""
@@ -66,6 +79,7 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> Shape:
             from offloadlab.workload.hf import hf_folder
 
             load_tokenizer(hf_folder(spec.model.hf_path))
+    check_gpu_only_strategies(spec)
     shape = shape_of_spec(spec)
     nvme = [s for s in spec.strategy if s.uses_nvme]
     if nvme:
