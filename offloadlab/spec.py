@@ -13,7 +13,7 @@ import typing
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 
 class SpecError(ValueError):
@@ -202,6 +202,14 @@ class DeepSpeedStrategy(_Strict):
             raise ValueError('offload_optimizer = "nvme" needs zero_stage = 3')
         if (self.pipeline_read or self.pipeline_write) and self.offload_optimizer != "nvme":
             raise ValueError('pipeline_read and pipeline_write pipeline NVMe swaps: they need offload_optimizer = "nvme"')
+        in_flight = 1 + self.pipeline_read + self.pipeline_write
+        if in_flight > 1 and self.optimizer_buffer_count < 4 * in_flight:
+            # Each sub-group in flight holds 4 buffers (fp32 master, gradient, m, v): measured, 8 fail with
+            # both pipelines on ("PipelinedOptimizerSwapper ran out of swap buffers") and 12 run.
+            raise ValueError(
+                f"pipelining keeps {in_flight} sub-groups in flight, 4 buffers each: "
+                f"set optimizer_buffer_count >= {4 * in_flight}"
+            )
         if self.super_offload and (self.zero_stage != 3 or self.offload_optimizer != "cpu"):
             raise ValueError('super_offload needs zero_stage = 3 and offload_optimizer = "cpu"')
         if self.zenflow is not None and self.offload_optimizer != "cpu":
@@ -214,6 +222,10 @@ class DeepSpeedStrategy(_Strict):
     def exact(self) -> bool:
         """Whether each step applies exact AdamW (ZenFlow's selective updates do not)."""
         return self.zenflow is None
+
+    @property
+    def offloads(self) -> bool:
+        return self.offload_optimizer != "none" or self.offload_param != "none"
 
     @property
     def needs_cuda(self) -> str | None:
@@ -261,6 +273,10 @@ class FSDP2Strategy(_Strict):
         return True
 
     @property
+    def offloads(self) -> bool:
+        return self.cpu_offload
+
+    @property
     def needs_cuda(self) -> str | None:
         return None
 
@@ -278,6 +294,14 @@ class FSDP2Strategy(_Strict):
 
 
 Strategy = Annotated[Union[DeepSpeedStrategy, FSDP2Strategy], Field(discriminator="engine")]
+
+
+def strategy_from_store(config: dict) -> DeepSpeedStrategy | FSDP2Strategy | None:
+    """A strategy as a run store recorded it; None for one an older offloadlab wrote that no longer reads."""
+    try:
+        return TypeAdapter(Strategy).validate_python(config)
+    except ValidationError:
+        return None
 
 
 class RunSpec(_Strict):

@@ -114,11 +114,14 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
                 )
                 # No GPU here: the GPU cells say so rather than waiting for data.
                 assert text_of(panel.query_one("#m-gpu .metric-value")) == "no GPU"
-                assert cell(table, name, 2) == f"{summary.median_step_time_s:.3f}"
-                assert cell(table, name, 3) == f"{summary.tokens_per_s:,.0f}"
-                assert cell(table, name, 4) == "-"  # MFU: a CPU is not in the peak table
-                assert cell(table, name, 9) == human_bytes(summary.comm_bytes_per_step)
-                assert cell(table, name, 10) == "verified"
+                assert cell(table, name, 2) == f"{summary.median_step_time_s:.3f} / {summary.p90_step_time_s:.3f}"
+                assert cell(table, name, 4) == f"{summary.stalls} stall{'s' * (summary.stalls != 1)}"
+                assert cell(table, name, 5) == f"{summary.tokens_per_s:,.0f}"
+                assert cell(table, name, 6) == f"{summary.practicality:.0%}"  # against fsdp2, which offloads nothing
+                assert cell(table, name, 7) == "-"  # MFU: a CPU is not in the peak table
+                assert cell(table, name, 8) == f"{summary.last_loss_deviation:+.2%}"
+                assert cell(table, name, 13) == human_bytes(summary.comm_bytes_per_step)
+                assert cell(table, name, 14) == "verified"
             # The NVMe strategy's disk series moved (it wrote its swap files under the temp drive).
             assert max(panels(app)["zero3-nvme"].view.disk_write_bytes_per_s) > 0
 

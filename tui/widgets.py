@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Label, Sparkline, Static
 from offloadlab.results.status import Status
 from offloadlab.results.store import TunePoint
 from offloadlab.results.summary import StrategySummary
-from offloadlab.results.tables import human_bytes
+from offloadlab.results.tables import human_bytes, loss_deviation, stalls
 
 from .reader import RunView, StrategyView, TuneView
 
@@ -123,9 +123,13 @@ class CompareTable(DataTable):
     COLUMNS = (
         "strategy",
         "status",
-        "step (s)",
+        "p50 / p90 s",
+        "max s",
+        "stalls",
         "tokens/s",
+        "practical",
         "MFU",
+        "Δ loss",
         "GPU peak",
         "host RSS",
         "NVMe r/w per step",
@@ -152,9 +156,13 @@ class CompareTable(DataTable):
                 # The reason is in the strategy's panel; the table keeps to one short word.
                 s.name,
                 status_text(s, with_reason=False),
-                fmt(s.median_step_time_s, "{:.3f}"),
+                "-" if not finished else f"{fmt(s.median_step_time_s, '{:.3f}')} / {fmt(s.p90_step_time_s, '{:.3f}')}",
+                fmt(s.max_step_time_s, "{:.2f}"),
+                stalls(s) if finished else "-",
                 fmt(s.tokens_per_s, "{:,.0f}"),
+                fmt(s.practicality, "{:.0%}"),
                 fmt(s.mfu_percent, "{:.1f}%"),
+                loss_deviation(s) if finished else "-",
                 human_bytes(s.peak_allocated_bytes) if finished else "-",
                 human_bytes(s.host_rss_peak_bytes) if finished else "-",
                 f"{human_bytes(s.disk_read_bytes_per_step)} / {human_bytes(s.disk_write_bytes_per_step)}"

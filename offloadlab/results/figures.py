@@ -69,6 +69,58 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) with linear interpolation between the closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+# A step this many times the median is a stall: ZenFlow's CPU catching up, a swap that waited, a GC pause.
+STALL_FACTOR = 3.0
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """What a median step hides: throughput over the whole time of the steady steps, the spread, stalls."""
+
+    tokens_per_s: float
+    """Tokens over seconds, all steady steps together: a 16 s step every 14 counts in full."""
+    p50_s: float
+    p90_s: float
+    max_s: float
+    stalls: int
+    """Steps over STALL_FACTOR times the median."""
+
+    @classmethod
+    def of(cls, seconds: list[float], tokens: list[float]) -> "StepTimes | None":
+        if not seconds or sum(seconds) <= 0:
+            return None
+        p50 = percentile(seconds, 0.5)
+        return cls(
+            tokens_per_s=sum(tokens) / sum(seconds),
+            p50_s=p50,
+            p90_s=percentile(seconds, 0.9),
+            max_s=max(seconds),
+            stalls=sum(1 for s in seconds if s > STALL_FACTOR * p50),
+        )
+
+
+def practicality(tokens_per_s: float | None, without_offload_tokens_per_s: float | None) -> float | None:
+    """Throughput as a share of the same model's without offload (ZenFlow's paper calls it practicality)."""
+    if not tokens_per_s or not without_offload_tokens_per_s:
+        return None
+    return tokens_per_s / without_offload_tokens_per_s
+
+
+def relative_deviation(value: float | None, reference: float | None) -> float | None:
+    if value is None or not reference:
+        return None
+    return (value - reference) / abs(reference)
+
+
 def steady_state(values: list[float]) -> list[float]:
     """Drop the first step (allocator warm-up, JIT, first swap-in) when there are enough steps left."""
     return values[1:] if len(values) > 2 else values

@@ -13,7 +13,7 @@ from offloadlab.results.summary import StrategySummary, summarize
 from offloadlab.results.tables import human_bytes
 
 WIDTH, HEIGHT, PAD = 320, 170, 36
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e")
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,27 @@ def svg_chart(lines: list[list[tuple[float, float]]], y_max: float, x_label: str
     return "".join(parts)
 
 
+def _fmt(value, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def loss_chart(store: RunStore, strategies: list) -> str:
+    """Every strategy's loss per step on one chart, with a legend: an inexact strategy (ZenFlow) against
+    the exact ones at every step."""
+    lines = {row["name"]: [(r.step, r.loss) for r in store.steps(row["id"])] for row in strategies}
+    lines = {name: line for name, line in lines.items() if line}
+    values = [y for line in lines.values() for _, y in line]
+    if not values:
+        return svg_chart([], 0.0, "step", "loss")
+    low = min(values)
+    shifted = [[(x, y - low) for x, y in line] for line in lines.values()]
+    chart = svg_chart(shifted, (max(values) - low) * 1.05, "step", f"loss - {low:.4g}")
+    legend = "".join(
+        f'<span style="color:{color}">&#9644; {html.escape(name)}</span> ' for color, name in zip(COLORS, lines)
+    )
+    return f"<figure>{chart}<figcaption>{legend}</figcaption></figure>"
+
+
 def _summary_rows(summaries: list[StrategySummary]) -> str:
     def cell(v):
         return f"<td>{html.escape(str(v))}</td>"
@@ -89,9 +110,14 @@ def _summary_rows(summaries: list[StrategySummary]) -> str:
                     s.name,
                     s.engine,
                     status,
-                    "-" if s.median_step_time_s is None else f"{s.median_step_time_s:.3f}",
-                    "-" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",
-                    "-" if s.mfu_percent is None else f"{s.mfu_percent:.1f}%",
+                    _fmt(s.median_step_time_s, "{:.3f}"),
+                    _fmt(s.p90_step_time_s, "{:.3f}"),
+                    _fmt(s.max_step_time_s, "{:.2f}"),
+                    _fmt(s.stalls, "{}"),
+                    _fmt(s.tokens_per_s, "{:,.0f}"),
+                    _fmt(s.practicality, "{:.0%}"),
+                    _fmt(s.mfu_percent, "{:.1f}%"),
+                    _fmt(s.last_loss_deviation, "{:+.2%}") + ("" if s.exact in (True, None) else " (inexact)"),
                     human_bytes(s.peak_allocated_bytes),
                     human_bytes(s.host_rss_peak_bytes),
                     human_bytes(s.disk_read_bytes_per_step),
@@ -130,12 +156,15 @@ td:first-child,td:nth-child(2),td:nth-child(3){{text-align:left}}.row{{display:f
 figure{{margin:0}} figcaption{{font-size:12px;font-weight:bold}}</style></head><body>
 <h1>offloadlab report: {html.escape(run['name'])}</h1><p>run directory {html.escape(str(run_dir))},
 status {html.escape(store.run_status())}.
-Step time excludes the first step in the medians;
+Step figures leave out the first step; tokens/s is tokens over the time of all the other steps;
+practicality is tokens/s over the fastest strategy's here that offloads nothing;
 the first line of two-line panels is tx/read, the second rx/write.</p>
-<table><tr><th>strategy</th><th>engine</th><th>status</th><th>step (s)</th><th>tokens/s</th><th>MFU</th>
+<table><tr><th>strategy</th><th>engine</th><th>status</th><th>step p50 (s)</th><th>p90</th><th>max</th>
+<th>stalls (&gt; 3x p50)</th><th>tokens/s</th><th>practicality</th><th>MFU</th><th>last loss vs exact</th>
 <th>GPU peak alloc</th>
 <th>host RSS peak</th><th>NVMe read/step</th><th>NVMe write/step</th><th>GPU idle</th><th>checkpoint</th></tr>
 {_summary_rows(summaries)}</table>
+<h2>loss per step</h2>{loss_chart(store, strategies)}
 {''.join(sections)}
 </body></html>"""
     out = out or run_dir / "report.html"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 
@@ -9,6 +10,7 @@ from offloadlab.results import figures
 from offloadlab.results.status import DIED_REASON, Status
 from offloadlab.results.steps import per_step
 from offloadlab.results.store import RunStore, StepRecord, StoreError
+from offloadlab.spec import strategy_from_store
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,18 @@ class StrategySummary:
     steps_done: int
     steps_planned: int
     median_step_time_s: float | None
+    p90_step_time_s: float | None
+    max_step_time_s: float | None
+    stalls: int | None
+    """Steady steps over figures.STALL_FACTOR times the median."""
     tokens_per_s: float | None
+    """Throughput: tokens over seconds of all steady steps (not a median step's)."""
+    practicality: float | None
+    """tokens_per_s over the fastest strategy's of the run that offloads nothing (same model, same machine)."""
+    exact: bool | None
+    """Whether the strategy applies exact AdamW each step (ZenFlow does not); None if unknown."""
+    last_loss_deviation: float | None
+    """Relative difference of the last loss from an exact strategy's last loss at the same step."""
     mfu_percent: float | None
     """Model FLOPs utilization per GPU against figures.PEAK_TFLOPS; None on a device not in that table."""
     peak_allocated_bytes: int | None
@@ -90,7 +103,7 @@ def summarize(store: RunStore) -> list[StrategySummary]:
             f"'offloadlab tui {store.run_dir}' shows its sweep"
         )
     died = store.run_status() is Status.INTERRUPTED
-    out = []
+    out, offloads = [], {}
     for row in store.strategies(run["id"]):
         status, reason = Status(row["status"]), row["reason"]
         if died and status.unfinished:
@@ -99,14 +112,15 @@ def summarize(store: RunStore) -> list[StrategySummary]:
         every_rank = store.steps(row["id"], rank=None)
         steady = figures.steady_state(rank0)
         steady_steps = {r.step for r in steady}
-        median_time = figures.median([r.step_time_s for r in steady])
+        times = figures.StepTimes.of([r.step_time_s for r in steady], [r.tokens_per_s * r.step_time_s for r in steady])
         read_all = _bytes_per_step_all_ranks(every_rank, "disk_read_bytes")
         written_all = _bytes_per_step_all_ranks(every_rank, "disk_write_bytes")
         telemetry = per_step(store, row["id"], steady)
         comm = _comm_per_step(store, row["id"], steady_steps)
         verified = row["checkpoint_verified"]
-        tokens_per_s = figures.median([r.tokens_per_s for r in steady])
+        tokens_per_s = times.tokens_per_s if times else None
         facts = _model_facts(store, row["id"])
+        strategy = strategy_from_store(json.loads(row["config_json"]))
         out.append(
             StrategySummary(
                 name=row["name"],
@@ -115,8 +129,14 @@ def summarize(store: RunStore) -> list[StrategySummary]:
                 reason=reason,
                 steps_done=len(rank0),
                 steps_planned=row["steps_planned"],
-                median_step_time_s=median_time,
+                median_step_time_s=times.p50_s if times else None,
+                p90_step_time_s=times.p90_s if times else None,
+                max_step_time_s=times.max_s if times else None,
+                stalls=times.stalls if times else None,
                 tokens_per_s=tokens_per_s,
+                practicality=None,
+                exact=strategy.exact if strategy else None,
+                last_loss_deviation=None,
                 mfu_percent=figures.mfu_percent(tokens_per_s, facts) if facts and tokens_per_s else None,
                 peak_allocated_bytes=_max_or_none([r.peak_allocated_bytes for r in every_rank]),
                 peak_reserved_bytes=_max_or_none([r.peak_reserved_bytes for r in every_rank]),
@@ -134,6 +154,26 @@ def summarize(store: RunStore) -> list[StrategySummary]:
                 checkpoint_detail=row["checkpoint_detail"],
                 first_loss=rank0[0].loss if rank0 else None,
                 last_loss=rank0[-1].loss if rank0 else None,
+            )
+        )
+        offloads[row["name"]] = strategy.offloads if strategy else None
+    return _against_each_other(out, offloads)
+
+
+def _against_each_other(summaries: list[StrategySummary], offloads: dict[str, bool | None]) -> list[StrategySummary]:
+    """Practicality against the fastest finished strategy that offloads nothing, and the last loss against
+    an exact strategy's that ran as many steps."""
+    without_offload = [s.tokens_per_s for s in summaries if offloads[s.name] is False and s.status is Status.DONE]
+    baseline = max((t for t in without_offload if t), default=None)
+    exact = [s for s in summaries if s.exact and s.status is Status.DONE and s.last_loss is not None]
+    out = []
+    for s in summaries:
+        reference = next((e.last_loss for e in exact if e.steps_done == s.steps_done), None)
+        out.append(
+            dataclasses.replace(
+                s,
+                practicality=figures.practicality(s.tokens_per_s, baseline),
+                last_loss_deviation=figures.relative_deviation(s.last_loss, reference),
             )
         )
     return out

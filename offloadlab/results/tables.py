@@ -29,14 +29,29 @@ def _gb(bytes_per_s: float | None) -> float | None:
     return None if bytes_per_s is None else bytes_per_s / 1e9
 
 
+def stalls(s: StrategySummary) -> Text:
+    if s.stalls is None:
+        return Text("-")
+    return Text(f"{s.stalls} stall{'s' * (s.stalls != 1)}", style="bold red" if s.stalls else "")
+
+
+def loss_deviation(s: StrategySummary) -> Text:
+    """The last loss against exact AdamW's; an inexact strategy's is marked, however small."""
+    if s.last_loss_deviation is None:
+        return Text("-")
+    return Text(f"{s.last_loss_deviation:+.2%}", style="" if s.exact else "yellow")
+
+
 def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
     # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
     table = Table(title=Text(f"offloadlab compare {run_dir}"), header_style="bold")
     for col in (
         "strategy",
         "status",
-        "step (s)",
+        "step s\np50 / p90",
+        "max s\nstalls",
         "tokens/s\nMFU",
+        "practical\nΔ loss",
         "GPU peak\nalloc / resv",
         "host RSS\npeak",
         "NVMe/step\nread / write",
@@ -56,8 +71,10 @@ def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
         table.add_row(
             Text.assemble(s.name, ("\n" + s.engine, "dim")),
             Text(status, style=s.status.style),
-            _fmt(s.median_step_time_s, "{:.3f}"),
+            f"{_fmt(s.median_step_time_s, '{:.3f}')}\n{_fmt(s.p90_step_time_s, '{:.3f}')}",
+            f"{_fmt(s.max_step_time_s, '{:.2f}')}\n{stalls(s)}",
             f"{_fmt(s.tokens_per_s, '{:,.0f}')}\n{_fmt(s.mfu_percent, '{:.1f}%')}",
+            f"{_fmt(s.practicality, '{:.0%}')}\n{loss_deviation(s)}",
             f"{human_bytes(s.peak_allocated_bytes)}\n{human_bytes(s.peak_reserved_bytes)}",
             human_bytes(s.host_rss_peak_bytes),
             f"{human_bytes(s.disk_read_bytes_per_step)}\n{human_bytes(s.disk_write_bytes_per_step)}",
