@@ -68,8 +68,10 @@ def main(spec_path: str, strategy_name: str, steps: int = 3) -> None:
         torch.cuda.synchronize()
     trace = torch.cuda.memory._snapshot()["device_traces"][ctx.local_rank]
     best, groups = peak_live(trace, first)
-    print(f"{spec.name} {strategy_name}: step {steps} peak {torch.cuda.max_memory_allocated() / GIB:.3f} GiB "
-          f"(replayed {best / GIB:.3f} GiB, {len(trace)} events)")
+    print(
+        f"{spec.name} {strategy_name}: step {steps} peak {torch.cuda.max_memory_allocated() / GIB:.3f} GiB "
+        f"(replayed {best / GIB:.3f} GiB, {len(trace)} events)"
+    )
     for where, sizes in sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:25]:
         print(f"  {sum(sizes) / GIB:8.3f} GiB {len(sizes):6d}x  {where}")
     engine.close()

@@ -201,7 +201,9 @@ class DeepSpeedStrategy(_Strict):
         if self.offload_optimizer == "nvme" and self.zero_stage != 3:
             raise ValueError('offload_optimizer = "nvme" needs zero_stage = 3')
         if (self.pipeline_read or self.pipeline_write) and self.offload_optimizer != "nvme":
-            raise ValueError('pipeline_read and pipeline_write pipeline NVMe swaps: they need offload_optimizer = "nvme"')
+            raise ValueError(
+                'pipeline_read and pipeline_write pipeline NVMe swaps: they need offload_optimizer = "nvme"'
+            )
         in_flight = 1 + self.pipeline_read + self.pipeline_write
         if in_flight > 1 and self.optimizer_buffer_count < 4 * in_flight:
             # Each sub-group in flight holds 4 buffers (fp32 master, gradient, m, v): measured, 8 fail with
@@ -339,7 +341,9 @@ class RunSpec(_Strict):
         if any(s.uses_nvme for s in self.strategy) and self.nvme_path is None:
             raise ValueError("a strategy offloads to nvme: set nvme_path to a folder on the NVMe drive")
         if self.grad_accum > 1 and any(getattr(s, "zenflow", None) for s in self.strategy):
-            raise ValueError("zenflow takes over DeepSpeed's gradient accumulation for its update_interval: set grad_accum = 1")
+            raise ValueError(
+                "zenflow takes over DeepSpeed's gradient accumulation for its update_interval: set grad_accum = 1"
+            )
         if self.verify_checkpoint and self.steps < 2:
             raise ValueError("verify_checkpoint needs steps >= 2 (save at step k, compare step k+1)")
         if self.checkpoint_step >= self.steps:

@@ -44,7 +44,11 @@ def _strategy(**keys) -> dict:
     ("strategy", "extra", "message"),
     [
         (_strategy(zero_stage=2, zenflow={}), {}, 'zenflow needs offload_optimizer = "cpu"'),
-        (_strategy(zero_stage=2, offload_optimizer="cpu", super_offload=True), {}, "super_offload needs zero_stage = 3"),
+        (
+            _strategy(zero_stage=2, offload_optimizer="cpu", super_offload=True),
+            {},
+            "super_offload needs zero_stage = 3",
+        ),
         (_strategy(zero_stage=3, offload_optimizer="cpu", pipeline_read=True), {}, "they need offload_optimizer"),
         (
             _strategy(zero_stage=3, offload_optimizer="nvme", pipeline_read=True, pipeline_write=True),
@@ -67,7 +71,11 @@ def _strategy(**keys) -> dict:
             {},
             "choose zenflow or super_offload",
         ),
-        (_strategy(zero_stage=2, offload_optimizer="cpu", zenflow={"update_intervals": 4}), {}, "did you mean 'update_interval'?"),
+        (
+            _strategy(zero_stage=2, offload_optimizer="cpu", zenflow={"update_intervals": 4}),
+            {},
+            "did you mean 'update_interval'?",
+        ),
     ],
 )
 def test_bad_option_combinations_are_refused_by_name(strategy, extra, message):

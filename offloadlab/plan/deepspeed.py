@@ -151,7 +151,11 @@ def model_states(p: Placement, shape: Shape, world: int) -> Memory:
         )
         if share < 1.0:
             m.add("gpu", "optimizer states", optimizer * (1 - share))
-            m.add("gpu_step", "AdamW's temporary (one sub-group)", 4 * max(sub_groups(shape, world, p.strategy.sub_group_size)))
+            m.add(
+                "gpu_step",
+                "AdamW's temporary (one sub-group)",
+                4 * max(sub_groups(shape, world, p.strategy.sub_group_size)),
+            )
     return m
 
 
