@@ -1,0 +1,78 @@
+"""Issue 22 on one GPU: the fastest offload for a model that does not fit, judged by throughput, stalls,
+practicality and loss, with the planner's GPU peak beside the measured one.
+
+    python bench/fastest_offload.py split configs/fastest_offload_h200.toml DIR   # DIR/a.toml, DIR/b.toml
+    offloadlab run DIR/a.toml --out RUN_A; offloadlab run DIR/b.toml --out RUN_B    # back to back, one machine
+    python bench/fastest_offload.py table RUN_A RUN_B
+
+Each half runs FSDP2 without offload too, so each run's practicality and loss deviation are its own; the
+halves exist only because one device call is limited to 10 minutes.
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import tomli_w
+from rich.console import Console
+from rich.table import Table
+
+HALVES = {
+    "a": ("fsdp2", "zero2-cpu", "zero2-cpu-zenflow", "fsdp2-cpu-dsadam"),
+    "b": ("fsdp2", "zero3-cpu", "zero3-opt-cpu", "zero3-opt-cpu-super", "fsdp2-cpu-offload"),
+}
+
+
+def split(spec_path: Path, folder: Path) -> None:
+    spec = tomllib.loads(spec_path.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    for half, names in HALVES.items():
+        part = {**spec, "name": f"{spec['name']}-{half}"}
+        part["strategy"] = [s for s in spec["strategy"] if s["name"] in names]
+        (folder / f"{half}.toml").write_text(tomli_w.dumps(part))
+
+
+def table(run_dirs: list[Path]) -> Table:
+    from offloadlab.plan.accounting import Placement, shape_of_spec
+    from offloadlab.plan.predict import predict_memory
+    from offloadlab.results.store import RunStore
+    from offloadlab.results.summary import summarize
+    from offloadlab.spec import parse_spec
+
+    out = Table(title="1.42B GPT, bf16, 4 x 1024 tokens a step, one H200", header_style="bold")
+    columns = ("run", "strategy", "tokens/s", "p50 s", "p90 s", "max s", "stalls", "practical", "last loss",
+               "vs exact", "GPU peak GiB", "planned", "host RSS GiB")  # fmt: skip
+    for col in columns:
+        out.add_column(col, justify="left" if col in ("run", "strategy") else "right")
+    for run_dir in run_dirs:
+        store = RunStore(run_dir)
+        spec = parse_spec(tomllib.loads(store.run()["spec_toml"]))
+        shape = shape_of_spec(spec)
+        for s in summarize(store):
+            planned = predict_memory(Placement(spec.get_strategy(s.name)), shape, spec.nproc).gpu_bytes
+            fmt = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
+            out.add_row(
+                run_dir.name,
+                s.name,
+                fmt(s.tokens_per_s, "{:,.0f}"),
+                fmt(s.median_step_time_s, "{:.3f}"),
+                fmt(s.p90_step_time_s, "{:.3f}"),
+                fmt(s.max_step_time_s, "{:.2f}"),
+                fmt(s.stalls, "{}"),
+                fmt(s.practicality, "{:.1%}"),
+                fmt(s.last_loss, "{:.4f}"),
+                fmt(s.last_loss_deviation, "{:+.2%}"),
+                fmt(None if s.peak_allocated_bytes is None else s.peak_allocated_bytes / 2**30, "{:.2f}"),
+                f"{planned / 2**30:.2f}",
+                fmt(None if s.host_rss_peak_bytes is None else s.host_rss_peak_bytes / 2**30, "{:.1f}"),
+            )
+    return out
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "split":
+        split(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:
+        Console(width=200).print(table([Path(p) for p in sys.argv[2:]]))
