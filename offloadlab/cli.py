@@ -383,7 +383,7 @@ def plan(
             _fail("not even the smallest preset fits this machine")
         inputs = inputs.with_model(*found)
 
-    predictions = make_plan(inputs.shape, inputs.machine, inputs.links, inputs.buffers)
+    predictions = make_plan(inputs.shape, inputs.machine, inputs.links, inputs.buffers, also=inputs.spec_placements)
     if as_json:
         click.echo(json.dumps(plan_json(inputs, predictions), indent=2))
     else:

@@ -399,3 +399,20 @@ def test_predictions_hold_for_what_an_h200_measured_at_1_4b(store):
         moved = step_bytes(placement, shape, 1)
         assert (run.disk_read_bytes_per_step or 0) == pytest.approx(moved["nvme_read"], rel=0.05, abs=1 << 20), name
         assert (run.disk_write_bytes_per_step or 0) == pytest.approx(moved["nvme_write"], rel=0.05, abs=1 << 20), name
+
+
+def test_fsdp2_with_deepspeeds_cpu_adam_is_weighed_at_its_rate_and_a_specs_zenflow_alongside():
+    shape = _shape("gpt-1.4b")
+    machine = Machine(gpus=1, gpu_mem_bytes=20 * GiB, host_mem_bytes=120 * GiB, nvme_free_bytes=None)
+    zenflow = Placement(
+        DeepSpeedStrategy(name="zf", engine="deepspeed", zero_stage=2, offload_optimizer="cpu", zenflow={})
+    )
+    predictions = {x.placement.name: x for x in plan(shape, machine, LINKS, also=(zenflow,))}
+    torch_adam, ds_adam = predictions["fsdp2-cpu-offload"], predictions["fsdp2-cpu-offload-dsadam"]
+    assert ds_adam.memory.gpu_bytes == torch_adam.memory.gpu_bytes
+    optimizer = lambda x: x.step.parts["cpu_adam"]  # noqa: E731
+    n = shape.n_params
+    assert optimizer(torch_adam) - optimizer(ds_adam) == pytest.approx(n / 2e8 - n / 1e9, rel=1e-6)
+    # ZenFlow keeps its selective AdamW's 16-bit moments for the top 10% of columns on the GPU.
+    zero2 = predictions["zero2-cpu"]
+    assert predictions["zf"].memory.gpu_bytes - zero2.memory.gpu_bytes == pytest.approx(4 * 0.1 * n)

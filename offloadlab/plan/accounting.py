@@ -172,7 +172,9 @@ def _zero(name: str, stage: int, optimizer: str = "none", param: str = "none") -
 
 
 def candidate_placements() -> list[Placement]:
-    """Every placement offloadlab can run: ZeRO 1/2/3 x none/cpu/nvme where DeepSpeed allows it, FSDP2 +- offload."""
+    """Every exact placement offloadlab can run: ZeRO 1/2/3 x none/cpu/nvme where DeepSpeed allows it, FSDP2 +-
+    offload (torch's or DeepSpeed's CPU Adam). ZenFlow and SuperOffload are weighed when a spec names them,
+    not proposed: ZenFlow is not exact AdamW, and neither beat ZeRO-2-cpu on the H200 (README)."""
     out = [_zero("zero1", 1), _zero("zero1-cpu", 1, "cpu"), _zero("zero2", 2), _zero("zero2-cpu", 2, "cpu")]
     for optimizer in ("none", "cpu", "nvme"):
         for param in ("none", "cpu", "nvme"):
@@ -187,6 +189,9 @@ def candidate_placements() -> list[Placement]:
     out += [
         Placement(FSDP2Strategy(name="fsdp2", engine="fsdp2")),
         Placement(FSDP2Strategy(name="fsdp2-cpu-offload", engine="fsdp2", cpu_offload=True)),
+        Placement(
+            FSDP2Strategy(name="fsdp2-cpu-offload-dsadam", engine="fsdp2", cpu_offload=True, cpu_optimizer="deepspeed")
+        ),
     ]
     return out
 

@@ -128,6 +128,12 @@ def model_states(p: Placement, shape: Shape, world: int) -> Memory:
         # The layer being gathered: its 16-bit parameters and their gradients (DeepSpeed's largest_layer_memory).
         m.add("gpu", "gathered layer", (b.param + b.grad) * shape.largest_param_numel)
         m.add("gpu", "parameters kept for reuse", b.param * params_kept_at_turn(p, shape))
+    if p.strategy.zenflow is not None:
+        # Fitted to the H200 (1.42B GPT, bf16, topk_ratio 0.1): ZenFlow's GPU-side selective AdamW added
+        # 0.53 GiB (4 bytes a selected parameter: its 16-bit m and v), its CPU workers 21.7 GiB of host
+        # RSS (16 bytes a parameter: their own fp32 copies) over ZeRO-2-cpu's.
+        m.add("gpu", "ZenFlow's selective optimizer states", 4 * p.strategy.zenflow.topk_ratio * n / world)
+        m.add("host_pageable", "ZenFlow's CPU workers", 16 * n / world)
     if p.strategy.zero_stage < 3 and p.strategy.offload_optimizer != "none":
         # Where ZeRO-1/2 stage a parameter's gradient on its way to and from the CPU
         # (stage_1_and_2's temp_grad_buffer_for_gpu_offload / _for_cpu_offload), held throughout.

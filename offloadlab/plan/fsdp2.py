@@ -56,11 +56,17 @@ def param_nvme_read_bytes(p: Placement, shape: Shape, world: int) -> float:
 def optimizer_phase(
     p: Placement, shape: Shape, world: int, links: Links, swap_read: float, swap_write: float
 ) -> dict[str, float]:
-    """torch's AdamW on the CPU shards (with clipping's and the copy's host passes), or on the device."""
+    """torch's or DeepSpeed's AdamW on the CPU shards (with clipping's and the copy's host passes), or torch's
+    on the device."""
     on_rank = shape.n_params / world
     if p.strategy.cpu_offload:
+        adam_rate = (
+            links.cpu_adam_params_per_s
+            if p.strategy.cpu_optimizer == "deepspeed"
+            else links.torch_cpu_adam_params_per_s
+        )
         return {
-            "cpu_adam": on_rank / links.torch_cpu_adam_params_per_s,
+            "cpu_adam": on_rank / adam_rate,
             "host_passes": on_rank / links.host_passes_params_per_s,
         }
     return {"device_adam": on_rank / links.device_adam_params_per_s} if links.device_adam_params_per_s else {}

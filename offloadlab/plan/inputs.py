@@ -15,9 +15,11 @@ from offloadlab.plan.accounting import (
     GiB,
     Links,
     Machine,
+    Placement,
     Shape,
     SwapBuffers,
     buffers_for,
+    candidate_placements,
     compute_stand_in,
     shape_of_spec,
 )
@@ -104,6 +106,16 @@ class PlanInputs:
     tuned_fragment: Path | None
     model_label: str
     """How the model is named in the title: its preset, or how `plan --largest` found it."""
+
+    @property
+    def spec_placements(self) -> tuple[Placement, ...]:
+        """The spec's own strategies that no candidate placement already is (by everything but the name)."""
+        candidates = [p.strategy.model_dump(exclude={"name"}) for p in candidate_placements()]
+        return tuple(
+            Placement(s, self.spec.model.activation_checkpointing)
+            for s in self.spec.strategy
+            if s.model_dump(exclude={"name"}) not in candidates
+        )
 
     @classmethod
     def gather(cls, request: PlanRequest, console: Console, links: Links | None = None) -> "PlanInputs":

@@ -125,11 +125,18 @@ def predict(
     return Prediction(p, m, fits, binding, step)
 
 
-def plan(shape: Shape, machine: Machine, links: Links | None, buffers: SwapBuffers | None = None) -> list[Prediction]:
+def plan(
+    shape: Shape,
+    machine: Machine,
+    links: Links | None,
+    buffers: SwapBuffers | None = None,
+    also: tuple[Placement, ...] = (),
+) -> list[Prediction]:
     """Every placement, with and without activation checkpointing where the plain one does not fit, plus a
-    partial optimizer offload (ratio) when the GPU holds part of the optimizer; feasible ones fastest first."""
+    partial optimizer offload (ratio) when the GPU holds part of the optimizer; feasible ones fastest first.
+    `also`: placements a spec names beyond the candidates (ZenFlow, SuperOffload, tuned variants)."""
     out = []
-    for p in candidate_placements():
+    for p in candidate_placements() + list(also):
         pred = predict(p, shape, machine, links, buffers)
         if not pred.fits:
             checkpointed = predict(
