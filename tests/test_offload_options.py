@@ -150,8 +150,13 @@ def test_deepspeeds_cpu_adam_on_two_fsdp2_ranks_matches_torchs(tmp_path):
     """Two ranks: the gradient norm for clipping is summed over both ranks' shards."""
     strategies = [NEW_OPTIONS[1], NEW_OPTIONS[2]]
     spec = write_spec(tmp_path, strategies, **TINY, nproc=2, steps=3, grad_clip=0.05)
-    cli("run", str(spec), "--out", str(tmp_path / "run"))
+    printed = cli("run", str(spec), "--out", str(tmp_path / "run")).stdout
     store = RunStore(tmp_path / "run")
     losses = {row["name"]: [r.loss for r in store.steps(row["id"])] for row in store.strategies(store.run()["id"])}
     assert losses["fsdp2-cpu-dsadam"] == pytest.approx(losses["fsdp2-cpu"], rel=1e-5)
     assert all(s.checkpoint_verified for s in summarize(store))
+    # Not a terminal (captured): a plain line a step, and one for the checkpoint check.
+    for name in ("fsdp2-cpu", "fsdp2-cpu-dsadam"):
+        for step, loss in enumerate(losses[name], start=1):
+            assert f"{name} step {step}/3 loss {loss:.4f} " in printed
+        assert f"{name}: verifying checkpoint" in printed

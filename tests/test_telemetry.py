@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from conftest import cli, write_spec
-from offloadlab.results.steps import CumulativeSeries
+from offloadlab.results.steps import CumulativeSeries, SampledSeries
 from offloadlab.results.store import RunStore
 from offloadlab.results.summary import summarize
 from offloadlab.telemetry.block_devices import read_diskstats, resolve_block_devices
@@ -159,6 +159,19 @@ def test_cumulative_series_interpolates_between_samples():
     assert series.between(0.5, 1.5) == pytest.approx(50 + 25)
     assert series.between(-1, 3) == pytest.approx(150)
     assert CumulativeSeries([]).between(0, 1) is None
+
+
+def test_a_steps_mean_sample_is_the_mean_of_its_window_or_the_nearest_sample():
+    rows = [(0.1 * i, "gpu0.util(%)", float(i % 7) if i % 5 else None) for i in range(200)]
+    series = SampledSeries(rows)
+    for start, end in [(1.0, 2.0), (3.05, 3.95), (0.0, 19.9), (5.01, 5.02), (-3.0, -2.0), (30.0, 31.0)]:
+        inside = [v for t, _, v in rows if start <= t <= end and v is not None]
+        if inside:
+            assert series.mean_in(start, end) == pytest.approx(sum(inside) / len(inside))
+        else:  # shorter than a sampling period: the sample nearest the step's middle
+            nearest = min(rows, key=lambda r: abs(r[0] - (start + end) / 2))
+            assert series.mean_in(start, end) == nearest[2]
+    assert SampledSeries([]).mean_in(0.0, 1.0) is None
 
 
 def test_report_has_a_chart_per_strategy_and_metric(swapping_run):

@@ -33,6 +33,7 @@ from offloadlab.plan.accounting import Shape
 from offloadlab.results.rundir import LOCK_NAME, NVME_PREFIX, RunDir, RunDirError, signals_ignored
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore, StoreError
+from offloadlab.results.tables import human_bytes
 from offloadlab.run.preflight import PreflightError, preflight_run
 from offloadlab.spec import RunSpec
 
@@ -108,6 +109,7 @@ class StrategyJob:
     log: Path
     proc: subprocess.Popen | None = None
     created: list[Path] = field(default_factory=list)
+    steps_printed: int = 0
 
 
 class Runner:
@@ -190,12 +192,12 @@ class Runner:
                 self.store.set_strategy_status(job.strategy_id, *self._exit_reason(rc, job.log))
             elif rc == 0:
                 if self.spec.verify_checkpoint:
-                    progress.update(task, description=f"{job.name:<18} (verifying checkpoint)")
+                    self._stage(progress, task, job, "verifying checkpoint")
                     rc = self._launch(job, "verify", progress, None)
                     if rc != 0 and self.store.strategy(job.strategy_id)["checkpoint_verified"] is None:
                         self.store.set_checkpoint_result(job.strategy_id, False, self._exit_reason(rc, job.log)[1])
                     elif rc == 0 and self._restores_at_world_1(job):
-                        progress.update(task, description=f"{job.name:<18} (restoring at world size 1)")
+                        self._stage(progress, task, job, "restoring at world size 1")
                         at_own_world = self.store.strategy(job.strategy_id)["checkpoint_detail"]
                         rc_world_1 = self._launch(job, "verify", progress, None, nproc=1)
                         if rc_world_1 != 0:
@@ -256,11 +258,33 @@ class Runner:
             while job.proc.poll() is None:
                 if task is not None:
                     progress.update(task, completed=self._steps_done(job))
+                    self._print_new_steps(job)
                 time.sleep(0.3)
         if task is not None:
             progress.update(task, completed=self._steps_done(job))
+            self._print_new_steps(job)
         rc, job.proc = job.proc.returncode, None
         return rc
+
+    def _stage(self, progress: Progress, task, job: StrategyJob, what: str) -> None:
+        progress.update(task, description=f"{job.name:<18} ({what})")
+        if not self.console.is_terminal:
+            self.say(f"{job.name}: {what}")
+
+    def _print_new_steps(self, job: StrategyJob) -> None:
+        """Where stdout is a file or a pipe the progress bars draw nothing until the end: a plain line a
+        step instead, as DeepSpeed and torchtitan print."""
+        if self.console.is_terminal:
+            return
+        for r in self.store.steps(job.strategy_id, rank=0):
+            if r.phase != "train" or r.step <= job.steps_printed:
+                continue
+            self.say(
+                f"{job.name} step {r.step}/{self.spec.steps} loss {r.loss:.4f} {r.step_time_s:.3f} s "
+                f"{r.tokens_per_s:,.0f} tokens/s GPU {human_bytes(r.peak_allocated_bytes)} "
+                f"host {human_bytes(r.host_rss_peak_bytes)}"
+            )
+            job.steps_printed = r.step
 
     def _steps_done(self, job: StrategyJob) -> int:
         row = self.store.conn.execute(
