@@ -430,3 +430,26 @@ def test_a_run_folder_removed_while_the_runs_are_listed_is_skipped(tmp_path, mon
 
     monkeypatch.setattr(reader, "_read", read_after_removal)
     assert find_runs(tmp_path) == []
+
+
+def test_only_the_screen_shown_reads_the_store(root):
+    """Each mode's screen stays mounted; a hidden one must not re-read a long run's store every poll."""
+
+    async def scenario():
+        app = make_app(root=root, poll_s=0.05)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: len(panels(app)) == 4)
+            dashboard = app.screen
+            reads = []
+            original = dashboard.read
+            dashboard.read = lambda: reads.append(time.monotonic()) or original()
+            await wait_until(pilot, lambda: len(reads) >= 2)  # polling while shown
+            await go(pilot, "t", TuneScreen)
+            await pilot.pause(0.3)
+            hidden_since = time.monotonic()
+            await pilot.pause(0.6)  # a dozen poll periods
+            assert not [t for t in reads if t > hidden_since]
+            await go(pilot, "d", DashboardScreen)
+            await wait_until(pilot, lambda: any(t > hidden_since for t in reads))
+
+    asyncio.run(scenario())

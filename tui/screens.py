@@ -30,11 +30,17 @@ class PollingScreen(Screen):
         self._drawing = asyncio.Lock()
 
     def on_mount(self) -> None:
-        self.set_interval(self.app.poll_s, self.refresh_data)
+        self.set_interval(self.app.poll_s, self._poll)
         self.refresh_data()
 
     def on_screen_resume(self) -> None:
         self.refresh_data()
+
+    def _poll(self) -> None:
+        # Screens of other modes stay mounted: only the one shown reads the store (and it catches up
+        # on resume), so a hidden screen costs nothing on a long run's store.
+        if self.is_current:
+            self.refresh_data()
 
     def refresh_data(self) -> None:
         self._load()
