@@ -3,6 +3,9 @@ DeepSpeed's CPU Adam), and the step figures that judge them: throughput, spread,
 
 from __future__ import annotations
 
+import json
+import tomllib
+
 import numpy as np
 import pytest
 
@@ -160,3 +163,16 @@ def test_deepspeeds_cpu_adam_on_two_fsdp2_ranks_matches_torchs(tmp_path):
         for step, loss in enumerate(losses[name], start=1):
             assert f"{name} step {step}/3 loss {loss:.4f} " in printed
         assert f"{name}: verifying checkpoint" in printed
+
+
+@pytest.mark.slow
+def test_plan_weighs_a_specs_zenflow_and_writes_it_back(tmp_path):
+    zenflow = NEW_OPTIONS[4]
+    spec = write_spec(tmp_path, [zenflow, NEW_OPTIONS[3]], model={"preset": "small-cpu"}, grad_accum=1)
+    proc = cli("plan", str(spec), "--write", str(tmp_path / "out"), "--strategy", "zero2-zenflow")
+    assert "zero2-zenflow" in proc.stdout
+    config = json.loads((tmp_path / "out" / "zero2-zenflow_deepspeed.json").read_text())
+    assert config["zero_optimization"]["zenflow"]["update_interval"] == 2
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    written = parse_spec(tomllib.loads((tmp_path / "out" / "zero2-zenflow.toml").read_text()))
+    assert written.strategy[0].zenflow.topk_ratio == 0.1
