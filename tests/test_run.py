@@ -67,11 +67,14 @@ def test_nothing_is_left_under_the_nvme_path_or_in_checkpoints(world1, nvme_root
 
 def test_compare_prints_the_table_and_json(world1):
     table = cli("compare", str(world1)).stdout
-    for name in ("zero2-cpu", "zero3-nvme", "fsdp2-cpu-offload", "verified", "step (s)", "tokens/s"):
+    for name in ("zero2-cpu", "zero3-nvme", "fsdp2-cpu-offload", "verified", "p50 / p90", "tokens/s", "stalls"):
         assert name in table
     rows = json.loads(cli("compare", str(world1), "--json").stdout)
     assert {r["name"] for r in rows} == {s["name"] for s in STRATEGIES}
-    assert all(r["median_step_time_s"] > 0 for r in rows)
+    assert all(r["median_step_time_s"] > 0 and r["p90_step_time_s"] >= r["median_step_time_s"] for r in rows)
+    # Against fsdp2, the only strategy here that offloads nothing (on a CPU offloading can be the faster).
+    practicality = {r["name"]: r["practicality"] for r in rows}
+    assert practicality["fsdp2"] == 1.0 and all(p > 0 for p in practicality.values())
 
 
 def test_two_ranks_over_gloo_match_one_rank_with_twice_the_accumulation(world1, world2):
@@ -207,3 +210,23 @@ def test_workers_get_exact_pinned_sizes_unless_the_user_set_allocator_options(tm
     for key in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
         env = worker_env({key: "expandable_segments:True"}, tmp_path)
         assert env.get("PYTORCH_ALLOC_CONF") in (None, "expandable_segments:True")
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_compare_fits_the_terminal_and_keeps_the_step_throughput_and_memory(world1, width):
+    from rich.console import Console
+
+    from offloadlab.results.tables import COLUMNS, compare_table
+
+    summaries = summarize(RunStore(world1))
+    console = Console(width=width, record=True)
+    console.print(compare_table(world1, summaries, width))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= width
+    text = "\n".join(lines)
+    for s in summaries:
+        for figure in (s.name, f"{s.median_step_time_s:.3f}", f"{s.tokens_per_s:,.0f}", f"{s.practicality:.0%}"):
+            assert figure in text, (width, figure)
+    shown = [c.header.splitlines()[0] for c in COLUMNS if width >= c.width]
+    assert all(header in text for header in shown)
+    assert ("PCIe GB/s" in text) is (width >= 160) and ("stalls" in text) is (width >= 120)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
@@ -42,46 +45,95 @@ def loss_deviation(s: StrategySummary) -> Text:
     return Text(f"{s.last_loss_deviation:+.2%}", style="" if s.exact else "yellow")
 
 
-def compare_table(run_dir: Path, summaries: list[StrategySummary]) -> Table:
-    # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
-    table = Table(title=Text(f"offloadlab compare {run_dir}"), header_style="bold")
-    for col in (
-        "strategy",
-        "status",
+@dataclass(frozen=True)
+class Column:
+    header: str
+    cell: Callable[[StrategySummary], Text | str]
+    width: int
+    """The terminal width from which the column is shown: 0 always, 120 and 160 for the wider layouts."""
+    text: bool = False
+
+
+def _status(s: StrategySummary) -> Text:
+    status = s.status.label + ("" if s.status is Status.DONE else f" ({s.steps_done}/{s.steps_planned})")
+    if s.reason and s.status is not Status.DONE:
+        status += f": {s.reason}"
+    return Text(status, style=s.status.style)
+
+
+def _two(top: Text | str, bottom: Text | str) -> Text:
+    return Text.assemble(top, "\n", bottom)
+
+
+COLUMNS = (
+    Column("strategy", lambda s: Text.assemble(s.name, ("\n" + s.engine, "dim")), 0, text=True),
+    Column("status", _status, 0, text=True),
+    Column(
         "step s\np50 / p90",
-        "max s\nstalls",
-        "tokens/s\nMFU",
-        "practical\nΔ loss",
-        "GPU peak\nalloc / resv",
-        "host RSS\npeak",
+        lambda s: _two(_fmt(s.median_step_time_s, "{:.3f}"), _fmt(s.p90_step_time_s, "{:.3f}")),
+        0,
+    ),
+    Column("max s\nstalls", lambda s: _two(_fmt(s.max_step_time_s, "{:.2f}"), stalls(s)), 120),
+    Column(
+        "tokens/s\npractical",
+        lambda s: _two(_fmt(s.tokens_per_s, "{:,.0f}"), _fmt(s.practicality, "{:.0%}")),
+        0,
+    ),
+    Column("MFU\nΔ loss", lambda s: _two(_fmt(s.mfu_percent, "{:.1f}%"), loss_deviation(s)), 120),
+    Column(
+        "GPU peak\nhost RSS",
+        lambda s: _two(human_bytes(s.peak_allocated_bytes), human_bytes(s.host_rss_peak_bytes)),
+        0,
+    ),
+    Column("GPU\nreserved", lambda s: human_bytes(s.peak_reserved_bytes), 160),
+    Column(
         "NVMe/step\nread / write",
-        "GPU\nidle",
+        lambda s: _two(human_bytes(s.disk_read_bytes_per_step), human_bytes(s.disk_write_bytes_per_step)),
+        120,
+    ),
+    Column("GPU\nidle", lambda s: _fmt(None if s.gpu_idle_share is None else 100 * s.gpu_idle_share, "{:.0f}%"), 160),
+    Column(
         "PCIe GB/s\ntx / rx",
+        lambda s: _two(_fmt(_gb(s.pcie_tx_bytes_per_s), "{:.1f}"), _fmt(_gb(s.pcie_rx_bytes_per_s), "{:.1f}")),
+        160,
+    ),
+    Column(
         "comm/step\nbytes / s",
+        lambda s: _two(human_bytes(s.comm_bytes_per_step), _fmt(s.comm_seconds_per_step, "{:.3f}")),
+        160,
+    ),
+    Column(
         "SSD writes\nper 10k steps",
+        lambda s: human_bytes(None if s.disk_write_bytes_per_step is None else 1e4 * s.disk_write_bytes_per_step),
+        160,
+    ),
+    Column(
         "checkpoint",
-    ):
-        text = col in ("strategy", "status", "checkpoint")
-        table.add_column(col, justify="left" if text else "right", no_wrap=col != "status", overflow="fold")
-    for s in summaries:
-        status = s.status.label + ("" if s.status is Status.DONE else f" ({s.steps_done}/{s.steps_planned})")
-        if s.reason and s.status is not Status.DONE:
-            status += f": {s.reason}"
-        ckpt = {True: "[green]verified[/]", False: "[red]FAILED[/]", None: "-"}[s.checkpoint_verified]
-        table.add_row(
-            Text.assemble(s.name, ("\n" + s.engine, "dim")),
-            Text(status, style=s.status.style),
-            f"{_fmt(s.median_step_time_s, '{:.3f}')}\n{_fmt(s.p90_step_time_s, '{:.3f}')}",
-            f"{_fmt(s.max_step_time_s, '{:.2f}')}\n{stalls(s)}",
-            f"{_fmt(s.tokens_per_s, '{:,.0f}')}\n{_fmt(s.mfu_percent, '{:.1f}%')}",
-            f"{_fmt(s.practicality, '{:.0%}')}\n{loss_deviation(s)}",
-            f"{human_bytes(s.peak_allocated_bytes)}\n{human_bytes(s.peak_reserved_bytes)}",
-            human_bytes(s.host_rss_peak_bytes),
-            f"{human_bytes(s.disk_read_bytes_per_step)}\n{human_bytes(s.disk_write_bytes_per_step)}",
-            _fmt(None if s.gpu_idle_share is None else 100 * s.gpu_idle_share, "{:.0f}%"),
-            f"{_fmt(_gb(s.pcie_tx_bytes_per_s), '{:.1f}')}\n{_fmt(_gb(s.pcie_rx_bytes_per_s), '{:.1f}')}",
-            f"{human_bytes(s.comm_bytes_per_step)}\n{_fmt(s.comm_seconds_per_step, '{:.3f}')}",
-            human_bytes(None if s.disk_write_bytes_per_step is None else 1e4 * s.disk_write_bytes_per_step),
-            ckpt,
+        lambda s: {True: Text("verified", "green"), False: Text("FAILED", "red"), None: Text("-")}[
+            s.checkpoint_verified
+        ],
+        0,
+        text=True,
+    ),
+)
+
+
+def compare_table(run_dir: Path, summaries: list[StrategySummary], width: int = 200) -> Table:
+    """The strategies side by side, with the columns a terminal `width` wide has room for: the step, the
+    throughput and memory always; stalls, MFU, loss and NVMe from 120; GPU idle, reserved, PCIe, comm and SSD wear from 160."""
+    # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
+    columns = [c for c in COLUMNS if width >= c.width]
+    narrow = width < 120
+    table = Table(
+        title=Text(f"offloadlab compare {run_dir}"),
+        header_style="bold",
+        box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD,
+        padding=(0, 1) if not narrow else (0, 0, 0, 1),
+    )
+    for c in columns:
+        table.add_column(
+            c.header, justify="left" if c.text else "right", no_wrap=c.header != "status", overflow="fold"
         )
+    for s in summaries:
+        table.add_row(*(c.cell(s) for c in columns))
     return table
