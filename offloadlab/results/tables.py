@@ -120,7 +120,8 @@ COLUMNS = (
 
 def compare_table(run_dir: Path, summaries: list[StrategySummary], width: int = 200) -> Table:
     """The strategies side by side, with the columns a terminal `width` wide has room for: the step, the
-    throughput and memory always; stalls, MFU, loss and NVMe from 120; GPU idle, reserved, PCIe, comm and SSD wear from 160."""
+    throughput and memory always; stalls, MFU, loss and NVMe from 120; GPU idle, reserved, PCIe, comm and
+    SSD wear from 160."""
     # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
     columns = [c for c in COLUMNS if width >= c.width]
     narrow = width < 120
