@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import signal
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -19,8 +19,7 @@ from rich.text import Text
 from offloadlab.results.status import Status
 from offloadlab.spec import SpecError, load_spec
 
-# Piped output (logs, CI) gets a wide console instead of rich's 80 columns, so tables stay readable.
-# Piped or redirected, rich would guess 80 columns: use the COLUMNS the caller set, else the wide layout.
+# Piped or redirected, rich would guess 80 columns: use the COLUMNS the caller set, else a wide layout.
 console = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS", "180")))
 
 
