@@ -45,13 +45,25 @@ def _reading_store(run_dir: Path):
 
 
 def _read_summaries(run_dir: Path):
+    return _read_run(run_dir)[0]
+
+
+def _read_run(run_dir: Path):
+    """(summaries, state): state says a run that has not finished, and when it last recorded anything."""
+    import time
+
     from offloadlab.results.store import RunStore
     from offloadlab.results.summary import summarize
+    from offloadlab.results.tables import ago
 
     with _reading_store(run_dir):
         store = RunStore(run_dir)
         try:
-            return summarize(store)
+            status = store.run_status()
+            state = (
+                None if status is Status.DONE else f"{status}, last update {ago(time.time() - store.last_written())}"
+            )
+            return summarize(store), state
         finally:
             store.close()
 
@@ -143,11 +155,11 @@ def compare(run_dir: Path, as_json: bool) -> None:
     """Print a finished or running run's strategies side by side."""
     from offloadlab.results.tables import compare_table
 
-    summaries = _read_summaries(run_dir)
+    summaries, state = _read_run(run_dir)
     if as_json:
         click.echo(json.dumps([s.as_dict() for s in summaries], indent=2))
     else:
-        console.print(compare_table(run_dir, summaries, console.width))
+        console.print(compare_table(run_dir, summaries, console.width, state))
 
 
 @main.command()

@@ -138,6 +138,8 @@ def test_ctrl_c_stops_the_job_and_removes_what_the_run_created(tmp_path, nvme_ro
     store = RunStore(run_dir)
     assert store.run()["status"] == "interrupted"
     assert store.strategies(store.run()["id"])[0]["reason"] == "interrupted by the user"
+    # compare says the run did not finish, and how long since it last recorded anything.
+    assert re.search(r"\(interrupted, last update \d+ s ago\)", cli("compare", str(run_dir)).stdout)
 
 
 def test_collective_volume_is_recorded_per_rank_and_step(world2):

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import signal
 import sqlite3
 import time
@@ -225,6 +226,7 @@ def test_a_live_run_started_from_the_tui_shows_progress_and_failure_and_outlives
             await go(pilot, "d", DashboardScreen)
             header = app.screen.query_one("#run-header")
             await wait_until(pilot, lambda: "now: victim step" in text_of(header))
+            assert re.search(r"last update \d+ s ago", text_of(header))
             worker.send_signal(signal.SIGKILL)  # from another process: a failure, not an OOM
             await wait_until(
                 pilot,
@@ -394,14 +396,20 @@ def _then(*keys: str):
     return run_before
 
 
+def _minutes_after_the_last_write(root: Path):
+    """A clock 3 minutes after the demo run last recorded anything: "last update 3 min ago" every time."""
+    last = RunStore(root / "demo").last_written()
+    return lambda: last + 180.0
+
+
 @pytest.mark.parametrize("keys", [(), ("t",), ("r",)], ids=["dashboard", "tune", "runs"])
 def test_snapshots_of_the_main_screens(fixed_root, snap_compare, keys):
-    app = make_app(root=fixed_root, poll_s=0.2)
+    app = make_app(root=fixed_root, poll_s=0.2, clock=_minutes_after_the_last_write(fixed_root))
     assert snap_compare(app, terminal_size=SIZE, run_before=_then(*keys))
 
 
 def test_snapshot_of_the_dashboard_on_a_large_terminal(fixed_root, snap_compare):
-    app = make_app(root=fixed_root, poll_s=0.2)
+    app = make_app(root=fixed_root, poll_s=0.2, clock=_minutes_after_the_last_write(fixed_root))
     assert snap_compare(app, terminal_size=(140, 48), run_before=_then())
 
 

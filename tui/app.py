@@ -7,6 +7,8 @@ Installed as the `offloadlab_tui` package with an `offloadlab-tui` entry point (
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from textual.app import App
@@ -29,9 +31,17 @@ class OffloadlabApp(App):
         ("q", "quit", "Quit"),
     ]
 
-    def __init__(self, root: Path = Path("runs"), run_dir: Path | None = None, poll_s: float = 1.0):
+    def __init__(
+        self,
+        root: Path = Path("runs"),
+        run_dir: Path | None = None,
+        poll_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ):
         super().__init__()
         self.root, self.poll_s = Path(root), poll_s
+        self.clock = clock
+        """What "N min ago" counts from (snapshot tests fix it)."""
         # None: follow the newest run (or tune) under root, so one started later is picked up.
         self.pinned_run: Path | None = None
         self.pinned_tune: Path | None = None
@@ -53,9 +63,11 @@ class OffloadlabApp(App):
             self.switch_mode("dashboard")
 
 
-def make_app(root: Path = Path("runs"), run_dir: Path | None = None, poll_s: float = 1.0) -> OffloadlabApp:
-    """The app over the run stores under `root` (tests pass a folder of their own)."""
-    return OffloadlabApp(root=root, run_dir=run_dir, poll_s=poll_s)
+def make_app(
+    root: Path = Path("runs"), run_dir: Path | None = None, poll_s: float = 1.0, clock: Callable[[], float] = time.time
+) -> OffloadlabApp:
+    """The app over the run stores under `root` (tests pass a folder of their own, and may fix the clock)."""
+    return OffloadlabApp(root=root, run_dir=run_dir, poll_s=poll_s, clock=clock)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -57,6 +57,8 @@ class RunView:
     status: Status
     created_at: float
     strategies: list[StrategyView]
+    last_written: float = 0.0
+    """When the run last recorded a step or a strategy's start or end (the store's clock)."""
 
     @property
     def current(self) -> StrategyView | None:
@@ -144,7 +146,7 @@ def read_run(run_dir: Path) -> RunView:
         run = store.run()
         ids = {row["name"]: row["id"] for row in store.strategies(run["id"])}
         views = [_strategy_view(store, ids[s.name], s) for s in summarize(store)]
-        return RunView(Path(run_dir), run["name"], store.run_status(), run["created_at"], views)
+        return RunView(Path(run_dir), run["name"], store.run_status(), run["created_at"], views, store.last_written())
 
     return _read(run_dir, read)
 

@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Label, Sparkline, Static
 from offloadlab.results.status import Status
 from offloadlab.results.store import TunePoint
 from offloadlab.results.summary import StrategySummary
-from offloadlab.results.tables import human_bytes, loss_deviation, stalls
+from offloadlab.results.tables import ago, human_bytes, loss_deviation, stalls
 
 from .reader import RunView, StrategyView, TuneView
 
@@ -109,6 +109,8 @@ class RunHeader(Static):
             (view.status, "cyan" if view.status is Status.RUNNING else ""),
             f"  {done}/{len(view.strategies)} strategies finished",
         )
+        if view.status is not Status.DONE and view.last_written:
+            text.append(f"  last update {ago(self.app.clock() - view.last_written)}", style="dim")
         current = view.current
         if current:
             s = current.summary

@@ -356,6 +356,15 @@ class RunStore:
             return Status.INTERRUPTED
         return status
 
+    def last_written(self) -> float:
+        """When the run last recorded anything: a strategy starting or ending, a step (its end). Samples are
+        left out: a sampler outliving its strategy is not progress, and their table is the largest."""
+        row = self.conn.execute(
+            "SELECT MAX(t) FROM (SELECT created_at AS t FROM runs UNION ALL SELECT started_at FROM strategies "
+            "UNION ALL SELECT finished_at FROM strategies UNION ALL SELECT MAX(t_end) FROM steps)"
+        ).fetchone()
+        return row[0] or 0.0
+
     def created(self, run_id: int) -> list[Path]:
         try:
             return [

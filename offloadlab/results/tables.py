@@ -24,6 +24,14 @@ def human_bytes(n: float | None) -> str:
     raise AssertionError("unreachable")
 
 
+def ago(seconds: float) -> str:
+    """How long ago, in the largest unit that is at least one: "40 s", "3 min", "13 h"."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{max(seconds, 0):.0f} s ago"
+
+
 def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
@@ -118,15 +126,17 @@ COLUMNS = (
 )
 
 
-def compare_table(run_dir: Path, summaries: list[StrategySummary], width: int = 200) -> Table:
-    """The strategies side by side, with the columns a terminal `width` wide has room for: the step, the
+def compare_table(
+    run_dir: Path, summaries: list[StrategySummary], width: int = 200, state: str | None = None
+) -> Table:
+    """The strategies side by side (`state`: the run's, said in the title), with the columns a terminal `width` wide has room for: the step, the
     throughput and memory always; stalls, MFU, loss and NVMe from 120; GPU idle, reserved, PCIe, comm and
     SSD wear from 160."""
     # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
     columns = [c for c in COLUMNS if width >= c.width]
     narrow = width < 120
     table = Table(
-        title=Text(f"offloadlab compare {run_dir}"),
+        title=Text(f"offloadlab compare {run_dir}" + (f" ({state})" if state else "")),
         header_style="bold",
         box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD,
         padding=(0, 1) if not narrow else (0, 0, 0, 1),
