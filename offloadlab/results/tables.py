@@ -129,9 +129,9 @@ COLUMNS = (
 def compare_table(
     run_dir: Path, summaries: list[StrategySummary], width: int = 200, state: str | None = None
 ) -> Table:
-    """The strategies side by side (`state`: the run's, said in the title), with the columns a terminal `width` wide has room for: the step, the
+    """The strategies side by side, with the columns a terminal `width` wide has room for: the step, the
     throughput and memory always; stalls, MFU, loss and NVMe from 120; GPU idle, reserved, PCIe, comm and
-    SSD wear from 160."""
+    SSD wear from 160. `state`, said in the title: a run that has not finished, and its last update."""
     # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
     columns = [c for c in COLUMNS if width >= c.width]
     narrow = width < 120
