@@ -178,9 +178,10 @@ def test_report_has_a_chart_per_strategy_and_metric(swapping_run):
     out = cli("report", str(swapping_run)).stdout
     page = (swapping_run / "report.html").read_text()
     assert "report.html" in out
-    assert page.count("<figure>") == 6 * 2  # six panels, two strategies
-    assert page.count("<polyline") >= 2 * 3  # step time, NVMe and RSS for both strategies at least
+    assert page.count("<figure>") == 6 * 2 + 1  # six panels, two strategies, and the loss of both
+    assert page.count("<polyline") >= 2 * 3 + 2  # step time, NVMe and RSS for both strategies at least, loss
     assert "zero3-nvme" in page and "verified" in page
+    assert "loss per step" in page and "&#9644; zero3-nvme" in page  # the loss chart's legend
 
 
 @pytest.mark.slow
