@@ -19,8 +19,13 @@ from rich.text import Text
 from offloadlab.results.status import Status
 from offloadlab.spec import SpecError, load_spec
 
-# Piped or redirected, rich would guess 80 columns: use the COLUMNS the caller set, else a wide layout.
-console = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS", "180")))
+# Piped output (logs, CI) gets a wide console instead of rich's 80 columns, so messages stay on one line.
+console = Console() if sys.stdout.isatty() else Console(width=180)
+
+
+def _table_width() -> int:
+    """The width compare's table lays itself out for: the terminal's, or piped, the COLUMNS the caller set."""
+    return console.width if sys.stdout.isatty() else int(os.environ.get("COLUMNS", console.width))
 
 
 def _fail(message: str) -> None:
@@ -137,7 +142,7 @@ def run(
         )
         sys.exit(1)
     summaries = _read_summaries(run_dir)
-    console.print(compare_table(run_dir, summaries, console.width))
+    console.print(compare_table(run_dir, summaries, _table_width()))
     console.print(Text(f"run store: {run_dir}"))
     # "does not fit" is an answer about the model; a failure or an unverified restore is something to fix.
     broken = [s.name for s in summaries if s.status is Status.FAILED or s.checkpoint_verified is False]
@@ -159,7 +164,7 @@ def compare(run_dir: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([s.as_dict() for s in summaries], indent=2))
     else:
-        console.print(compare_table(run_dir, summaries, console.width, state))
+        console.print(compare_table(run_dir, summaries, _table_width(), state))
 
 
 @main.command()
@@ -515,7 +520,7 @@ def _verify_tuned(spec_path: Path, fragment: Path, nvme_path: Path, out_dir: Pat
     ]
     run_dir = run_spec(parse_spec(raw, f"{spec_path} (tuned)"), out_dir / "verify", Launch(), console)
     summaries = summarize(RunStore(run_dir))
-    console.print(compare_table(run_dir, summaries, console.width))
+    console.print(compare_table(run_dir, summaries, _table_width()))
     if any(s.status is not Status.DONE for s in summaries):
         _fail("the tuned settings did not train: see the table above")
 
