@@ -15,7 +15,7 @@ import pytest
 
 from conftest import cli, write_spec
 from offloadlab.results.steps import CumulativeSeries, SampledSeries
-from offloadlab.results.store import RunStore
+from offloadlab.results.store import RunStore, StepRecord
 from offloadlab.results.summary import summarize
 from offloadlab.telemetry.block_devices import read_diskstats, resolve_block_devices
 from offloadlab.telemetry.sampler import GPU_FIELDS, NvmlReader, Sampler, SamplerProcess
@@ -211,3 +211,17 @@ def test_the_side_process_sampler_flushes_on_sigterm(tmp_path):
         sampler.proc.wait(timeout=10)
     assert sampler.proc.returncode == 0
     assert len(RunStore(tmp_path).samples(strategy_id, "host.cpu(%)")) >= 5
+
+
+def test_steps_after_one_already_read_are_the_new_ones_only(tmp_path):
+    """What `run` prints a line for on each poll, without re-reading a long run's steps."""
+    strategy_id = _store_with_strategy(tmp_path)
+    store = RunStore(tmp_path, writable=True)
+    for step in range(1, 6):
+        store.add_step(
+            strategy_id, 0, StepRecord(step, 5.0 - step / 10, step, step + 0.5, 100.0, None, None, None, 1, 0, 0)
+        )
+    store.add_step(strategy_id, 0, StepRecord(4, 4.6, 9, 9.5, 100.0, None, None, None, 1, 0, 0, phase="restored"))
+    assert [r.step for r in store.steps(strategy_id, after_step=3)] == [4, 5]
+    assert [r.step for r in store.steps(strategy_id)] == [1, 2, 3, 4, 5]
+    assert store.steps(strategy_id, after_step=5) == []

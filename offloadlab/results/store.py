@@ -385,9 +385,12 @@ class RunStore:
             raise LookupError(f"run {run_id} has no strategy {name!r}")
         return row["id"]
 
-    def steps(self, strategy_id: int, rank: int | None = 0, phase: str = "train") -> list[StepRecord]:
-        query = "SELECT * FROM steps WHERE strategy_id = ? AND phase = ?"
-        args: tuple = (strategy_id, phase)
+    def steps(
+        self, strategy_id: int, rank: int | None = 0, phase: str = "train", after_step: int = 0
+    ) -> list[StepRecord]:
+        """The strategy's steps in order; `after_step`: only those past it (a poll reads what is new)."""
+        query = "SELECT * FROM steps WHERE strategy_id = ? AND phase = ? AND step > ?"
+        args: tuple = (strategy_id, phase, after_step)
         if rank is not None:
             query += " AND rank = ?"
             args += (rank,)

@@ -276,9 +276,7 @@ class Runner:
         step instead, as DeepSpeed and torchtitan print."""
         if self.console.is_terminal:
             return
-        for r in self.store.steps(job.strategy_id, rank=0):
-            if r.phase != "train" or r.step <= job.steps_printed:
-                continue
+        for r in self.store.steps(job.strategy_id, rank=0, after_step=job.steps_printed):
             self.say(
                 f"{job.name} step {r.step}/{self.spec.steps} loss {r.loss:.4f} {r.step_time_s:.3f} s "
                 f"{r.tokens_per_s:,.0f} tokens/s GPU {human_bytes(r.peak_allocated_bytes)} "
