@@ -39,6 +39,7 @@ def table(run_dirs: list[Path]) -> Table:
     from offloadlab.plan.predict import predict_memory
     from offloadlab.results.store import RunStore
     from offloadlab.results.summary import summarize
+    from offloadlab.results.tables import fmt_or_dash
     from offloadlab.spec import parse_spec
 
     out = Table(title="1.42B GPT, bf16, 4 x 1024 tokens a step, one H200", header_style="bold")
@@ -52,21 +53,20 @@ def table(run_dirs: list[Path]) -> Table:
         shape = shape_of_spec(spec)
         for s in summarize(store):
             planned = predict_memory(Placement(spec.get_strategy(s.name)), shape, spec.nproc).gpu_bytes
-            fmt = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
             out.add_row(
                 run_dir.name,
                 s.name,
-                fmt(s.tokens_per_s, "{:,.0f}"),
-                fmt(s.median_step_time_s, "{:.3f}"),
-                fmt(s.p90_step_time_s, "{:.3f}"),
-                fmt(s.max_step_time_s, "{:.2f}"),
-                fmt(s.stalls, "{}"),
-                fmt(s.practicality, "{:.1%}"),
-                fmt(s.last_loss, "{:.4f}"),
-                fmt(s.last_loss_deviation, "{:+.2%}"),
-                fmt(None if s.peak_allocated_bytes is None else s.peak_allocated_bytes / 2**30, "{:.2f}"),
+                fmt_or_dash(s.tokens_per_s, "{:,.0f}"),
+                fmt_or_dash(s.median_step_time_s, "{:.3f}"),
+                fmt_or_dash(s.p90_step_time_s, "{:.3f}"),
+                fmt_or_dash(s.max_step_time_s, "{:.2f}"),
+                fmt_or_dash(s.stalls, "{}"),
+                fmt_or_dash(s.practicality, "{:.1%}"),
+                fmt_or_dash(s.last_loss, "{:.4f}"),
+                fmt_or_dash(s.last_loss_deviation, "{:+.2%}"),
+                fmt_or_dash(None if s.peak_allocated_bytes is None else s.peak_allocated_bytes / 2**30, "{:.2f}"),
                 f"{planned / 2**30:.2f}",
-                fmt(None if s.host_rss_peak_bytes is None else s.host_rss_peak_bytes / 2**30, "{:.1f}"),
+                fmt_or_dash(None if s.host_rss_peak_bytes is None else s.host_rss_peak_bytes / 2**30, "{:.1f}"),
             )
     return out
 

@@ -55,8 +55,6 @@ def _read_summaries(run_dir: Path):
 
 def _read_run(run_dir: Path):
     """(summaries, state): state says a run that has not finished, and when it last recorded anything."""
-    import time
-
     from offloadlab.results.store import RunStore
     from offloadlab.results.summary import summarize
     from offloadlab.results.tables import ago

@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Label, Sparkline, Static
 from offloadlab.results.status import Status
 from offloadlab.results.store import TunePoint
 from offloadlab.results.summary import StrategySummary
-from offloadlab.results.tables import ago, human_bytes, loss_deviation, stalls
+from offloadlab.results.tables import ago, fmt_or_dash, human_bytes, loss_deviation, stalls
 
 from .reader import RunView, StrategyView, TuneView
 
@@ -149,7 +149,7 @@ class CompareTable(DataTable):
         for sv in view.strategies:
             s = sv.summary
             finished = s.status.finished
-            fmt = lambda v, f: "-" if v is None or not finished else f.format(v)  # noqa: E731
+            fmt = lambda v, f: fmt_or_dash(v if finished else None, f)  # noqa: E731 - a dash until it finishes
             idle = None if s.gpu_idle_share is None else 100 * s.gpu_idle_share
             ckpt = {True: Text("verified", "green"), False: Text("FAILED", "red"), None: Text("-")}[
                 s.checkpoint_verified

@@ -10,7 +10,7 @@ from pathlib import Path
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore
 from offloadlab.results.summary import StrategySummary, summarize
-from offloadlab.results.tables import human_bytes
+from offloadlab.results.tables import fmt_or_dash, human_bytes
 
 WIDTH, HEIGHT, PAD = 320, 170, 36
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -73,10 +73,6 @@ def svg_chart(lines: list[list[tuple[float, float]]], y_max: float, x_label: str
     return "".join(parts)
 
 
-def _fmt(value, pattern: str) -> str:
-    return "-" if value is None else pattern.format(value)
-
-
 def loss_chart(store: RunStore, strategies: list) -> str:
     """Every strategy's loss per step on one chart, with a legend: an inexact strategy (ZenFlow) against
     the exact ones at every step."""
@@ -110,14 +106,14 @@ def _summary_rows(summaries: list[StrategySummary]) -> str:
                     s.name,
                     s.engine,
                     status,
-                    _fmt(s.median_step_time_s, "{:.3f}"),
-                    _fmt(s.p90_step_time_s, "{:.3f}"),
-                    _fmt(s.max_step_time_s, "{:.2f}"),
-                    _fmt(s.stalls, "{}"),
-                    _fmt(s.tokens_per_s, "{:,.0f}"),
-                    _fmt(s.practicality, "{:.0%}"),
-                    _fmt(s.mfu_percent, "{:.1f}%"),
-                    _fmt(s.last_loss_deviation, "{:+.2%}") + ("" if s.exact in (True, None) else " (inexact)"),
+                    fmt_or_dash(s.median_step_time_s, "{:.3f}"),
+                    fmt_or_dash(s.p90_step_time_s, "{:.3f}"),
+                    fmt_or_dash(s.max_step_time_s, "{:.2f}"),
+                    fmt_or_dash(s.stalls, "{}"),
+                    fmt_or_dash(s.tokens_per_s, "{:,.0f}"),
+                    fmt_or_dash(s.practicality, "{:.0%}"),
+                    fmt_or_dash(s.mfu_percent, "{:.1f}%"),
+                    fmt_or_dash(s.last_loss_deviation, "{:+.2%}") + ("" if s.exact in (True, None) else " (inexact)"),
                     human_bytes(s.peak_allocated_bytes),
                     human_bytes(s.host_rss_peak_bytes),
                     human_bytes(s.disk_read_bytes_per_step),

@@ -32,7 +32,7 @@ def ago(seconds: float) -> str:
     return f"{max(seconds, 0):.0f} s ago"
 
 
-def _fmt(value: float | None, pattern: str) -> str:
+def fmt_or_dash(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
@@ -78,16 +78,16 @@ COLUMNS = (
     Column("status", _status, 0, text=True),
     Column(
         "step s\np50 / p90",
-        lambda s: _two(_fmt(s.median_step_time_s, "{:.3f}"), _fmt(s.p90_step_time_s, "{:.3f}")),
+        lambda s: _two(fmt_or_dash(s.median_step_time_s, "{:.3f}"), fmt_or_dash(s.p90_step_time_s, "{:.3f}")),
         0,
     ),
-    Column("max s\nstalls", lambda s: _two(_fmt(s.max_step_time_s, "{:.2f}"), stalls(s)), 120),
+    Column("max s\nstalls", lambda s: _two(fmt_or_dash(s.max_step_time_s, "{:.2f}"), stalls(s)), 120),
     Column(
         "tokens/s\npractical",
-        lambda s: _two(_fmt(s.tokens_per_s, "{:,.0f}"), _fmt(s.practicality, "{:.0%}")),
+        lambda s: _two(fmt_or_dash(s.tokens_per_s, "{:,.0f}"), fmt_or_dash(s.practicality, "{:.0%}")),
         0,
     ),
-    Column("MFU\nΔ loss", lambda s: _two(_fmt(s.mfu_percent, "{:.1f}%"), loss_deviation(s)), 120),
+    Column("MFU\nΔ loss", lambda s: _two(fmt_or_dash(s.mfu_percent, "{:.1f}%"), loss_deviation(s)), 120),
     Column(
         "GPU peak\nhost RSS",
         lambda s: _two(human_bytes(s.peak_allocated_bytes), human_bytes(s.host_rss_peak_bytes)),
@@ -99,15 +99,21 @@ COLUMNS = (
         lambda s: _two(human_bytes(s.disk_read_bytes_per_step), human_bytes(s.disk_write_bytes_per_step)),
         120,
     ),
-    Column("GPU\nidle", lambda s: _fmt(None if s.gpu_idle_share is None else 100 * s.gpu_idle_share, "{:.0f}%"), 160),
+    Column(
+        "GPU\nidle",
+        lambda s: fmt_or_dash(None if s.gpu_idle_share is None else 100 * s.gpu_idle_share, "{:.0f}%"),
+        160,
+    ),
     Column(
         "PCIe GB/s\ntx / rx",
-        lambda s: _two(_fmt(_gb(s.pcie_tx_bytes_per_s), "{:.1f}"), _fmt(_gb(s.pcie_rx_bytes_per_s), "{:.1f}")),
+        lambda s: _two(
+            fmt_or_dash(_gb(s.pcie_tx_bytes_per_s), "{:.1f}"), fmt_or_dash(_gb(s.pcie_rx_bytes_per_s), "{:.1f}")
+        ),
         160,
     ),
     Column(
         "comm/step\nbytes / s",
-        lambda s: _two(human_bytes(s.comm_bytes_per_step), _fmt(s.comm_seconds_per_step, "{:.3f}")),
+        lambda s: _two(human_bytes(s.comm_bytes_per_step), fmt_or_dash(s.comm_seconds_per_step, "{:.3f}")),
         160,
     ),
     Column(
@@ -143,7 +149,11 @@ def compare_table(
     )
     for c in columns:
         table.add_column(
-            c.header, justify="left" if c.text else "right", no_wrap=c.header != "status", overflow="fold"
+            c.header,
+            justify="left" if c.text else "right",
+            no_wrap=c.header != "status",
+            overflow="fold",
+            min_width=len("status") if c.header == "status" else None,
         )
     for s in summaries:
         table.add_row(*(c.cell(s) for c in columns))
