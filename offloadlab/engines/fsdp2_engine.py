@@ -21,7 +21,7 @@ from offloadlab.engines.dist import DistContext, global_mean
 from offloadlab.engines.ops import choose_deepspeed_accelerator, load_op
 from offloadlab.spec import FSDP2Strategy, RunSpec
 from offloadlab.workload.data import Batch
-from offloadlab.workload.hf import initial_state, load_initial_state, parameters_on_meta
+from offloadlab.workload.hf import copy_whole, initial_state, load_initial_state, parameters_on_meta
 from offloadlab.workload.model import build_model, lm_loss
 
 PROGRESS_FILE = "progress.json"
@@ -216,7 +216,7 @@ def materialize_shards(model: nn.Module, device: torch.device) -> None:
 def write_own_shard(param: torch.Tensor, value: torch.Tensor) -> None:
     """This rank's shard of a whole tensor, cut locally (every rank reads the same file: no collective)."""
     if not isinstance(param, DTensor):
-        param.copy_(value)
+        copy_whole(param, value)
         return
     shard = distribute_tensor(value.to(param.dtype), param.device_mesh, param.placements, src_data_rank=None)
     param.to_local().copy_(shard.to_local())
