@@ -350,8 +350,13 @@ def test_the_planned_configs_train_users_own_scripts(tmp_path):
     cli("plan", str(spec), "--gpu-mem", "0", "--tflops", "1", "--strategy", "zero3-opt-cpu", "--write", str(out))
     for name, text in (("accelerate_train.py", ACCELERATE_SCRIPT), ("deepspeed_train.py", DEEPSPEED_SCRIPT)):
         (tmp_path / name).write_text(text)
+    bin_dir = Path(sys.executable).parent
     env = {
         **os.environ,
+        # The ops setup built, loaded with the ninja that built them, as in an activated venv: the user's
+        # per-user torch folder is not this test's to build into (a build killed there hangs every later one).
+        "TORCH_EXTENSIONS_DIR": str(Path(sys.prefix) / "torch_extensions"),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "DS_ACCELERATOR": "cpu",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "29561",
@@ -359,7 +364,6 @@ def test_the_planned_configs_train_users_own_scripts(tmp_path):
         "LOCAL_RANK": "0",
         "WORLD_SIZE": "1",
     }
-    bin_dir = Path(sys.executable).parent
     runs = [
         [
             str(bin_dir / "accelerate"),
