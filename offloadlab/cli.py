@@ -121,7 +121,7 @@ def run(
     """Train every strategy of SPEC_PATH side by side, verify checkpoints, and print the comparison."""
     import sqlite3
 
-    from offloadlab.results.tables import compare_table
+    from offloadlab.results.tables import compare_table, human_bytes
     from offloadlab.run.runner import Launch, run_spec
 
     try:
@@ -156,7 +156,7 @@ def run(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def compare(run_dir: Path, as_json: bool) -> None:
     """Print a finished or running run's strategies side by side."""
-    from offloadlab.results.tables import compare_table
+    from offloadlab.results.tables import compare_table, human_bytes
 
     summaries, state = _read_run(run_dir)
     if as_json:
@@ -294,6 +294,7 @@ def tune(
                     "direct_io": dataclasses.asdict(result.direct_io),
                     "seconds": result.seconds,
                     "points": [p.as_dict() for p in result.records()],
+                    "swap_buffers": plan and {**dataclasses.asdict(plan), "pinned_bytes": plan.pinned_bytes},
                 },
                 indent=2,
             )
@@ -305,7 +306,7 @@ def tune(
             console.print(plan_table(plan))
         console.print(Text(f"fragment: {toml_path} (DeepSpeed JSON: {json_path}); run store: {out_dir.root}"))
     if verify:
-        _verify_tuned(spec_path, toml_path, nvme_path, out_dir.root)
+        _verify_tuned(spec_path, toml_path, nvme_path, out_dir.root, plan)
 
 
 @main.command()
@@ -499,13 +500,14 @@ def _nvme_param_strategy(spec):
     _fail(f"--spec: no strategy of {spec.name!r} has offload_param = \"nvme\"; swap buffers only matter there")
 
 
-def _verify_tuned(spec_path: Path, fragment: Path, nvme_path: Path, out_dir: Path) -> None:
-    """Two real steps of the spec's NVMe strategies with the tuned fragment included."""
+def _verify_tuned(spec_path: Path, fragment: Path, nvme_path: Path, out_dir: Path, plan) -> None:
+    """Two real steps of the spec's NVMe strategies with the tuned fragment included, and the RAM DeepSpeed
+    pinned for their swap buffers beside what the tune planned."""
     import tomllib
 
     from offloadlab.results.store import RunStore
     from offloadlab.results.summary import summarize
-    from offloadlab.results.tables import compare_table
+    from offloadlab.results.tables import compare_table, human_bytes
     from offloadlab.run.runner import Launch, run_spec
     from offloadlab.spec import apply_tuned, parse_spec
 
@@ -519,6 +521,12 @@ def _verify_tuned(spec_path: Path, fragment: Path, nvme_path: Path, out_dir: Pat
     run_dir = run_spec(parse_spec(raw, f"{spec_path} (tuned)"), out_dir / "verify", Launch(), console)
     summaries = summarize(RunStore(run_dir))
     console.print(compare_table(run_dir, summaries, _table_width()))
+    for s in summaries:
+        if s.pinned_swap_bytes is not None and plan is not None:
+            console.print(
+                f"{s.name}: DeepSpeed pinned {human_bytes(s.pinned_swap_bytes)} for its NVMe swap buffers; "
+                f"the tune planned {human_bytes(plan.pinned_bytes)}"
+            )
     if any(s.status is not Status.DONE for s in summaries):
         _fail("the tuned settings did not train: see the table above")
 

@@ -14,6 +14,8 @@ import psutil
 import pytest
 
 from conftest import cli, write_spec
+from offloadlab.spec import ModelSpec
+from offloadlab.workload.model import build_model
 from offloadlab.results.steps import CumulativeSeries, SampledSeries
 from offloadlab.results.store import RunStore, StepRecord
 from offloadlab.results.summary import summarize
@@ -75,6 +77,12 @@ def test_nvme_swapping_moves_the_disk_counters_and_fsdp_offload_does_not(swappin
     assert nvme.disk_write_bytes_per_step > 10 * 2**20
     assert nvme.device_write_bytes_per_step > 5 * 2**20
     assert cpu.disk_read_bytes_per_step == 0 and cpu.disk_write_bytes_per_step == 0
+    # Pinned: 8 fp32 parameter buffers of buffer_size, and 4 fp32 optimizer buffers of the one sub-group
+    # (the whole model here), each rounded up to the aio alignment.
+    n_params = sum(p.numel() for p in build_model(ModelSpec(preset="small-cpu"), seq_len=64, seed=0).parameters())
+    expected = 8 * 2_000_000 * 4 + 4 * n_params * 4
+    assert expected <= nvme.pinned_swap_bytes < 1.01 * expected
+    assert cpu.pinned_swap_bytes == 0
 
 
 def test_step_events_share_the_samples_clock(swapping_run):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from offloadlab.engines.deepspeed_engine import deepspeed_config
 from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT, check_io_size
 from offloadlab.spec import AioSettings, load_spec
 from offloadlab.tune.search import WORK_PREFIX, Tuner, TuneSettings, mixed_score, neighbours
-from offloadlab.tune.swap_buffers import max_params_in_window, plan_swap_buffers
+from offloadlab.tune.swap_buffers import largest_sub_group, max_params_in_window, plan_swap_buffers
 
 NVME_STRATEGY = dict(
     name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme", buffer_size=1_000_000
@@ -186,4 +187,23 @@ def test_swap_buffers_cover_the_largest_parameter_and_the_live_window(tmp_path):
     assert plan.buffer_size >= 50304 * 2048  # the embedding
     assert plan.stage3_max_live_parameters < spec.strategy[0].stage3_max_live_parameters
     assert plan.swapped_params == 24 * 4 + 3  # four matrices a block, two embeddings, the head
-    assert plan.pinned_bytes == plan.buffer_count * plan.buffer_size * 2
+    assert plan.param_pinned_bytes == plan.buffer_count * plan.buffer_size * 2
+    # One fp32 buffer per optimizer_buffer_count, each the largest sub-group (the whole 1.42B is two).
+    assert plan.optimizer_buffer_count == 4 and 1e9 <= plan.optimizer_buffer_numel < 1.1e9
+    assert plan.pinned_bytes == plan.param_pinned_bytes + 4 * plan.optimizer_buffer_numel * 4
+    assert largest_sub_group([3, 3, 3, 1], sub_group_size=5) == 6  # closed at 6, then 4 left
+    assert largest_sub_group([3, 3, 3, 1], sub_group_size=100) == 10
+
+
+@pytest.mark.slow
+def test_verify_trains_the_tuned_buffers_and_deepspeed_pins_what_the_tune_planned(tmp_path):
+    """The strategy leaves its swap buffers to the tune: the two verify steps run with them, and the pinned
+    RAM DeepSpeed's swappers hold is the tune's prediction (to the 0.1 MiB shown)."""
+    nvme = tmp_path / "drive"
+    nvme.mkdir()
+    strategy = {k: v for k, v in NVME_STRATEGY.items() if k != "buffer_size"}
+    spec = write_spec(tmp_path, [strategy], nvme_path=str(nvme), model=dict(preset="small-cpu"), seq_len=64)
+    proc = cli("tune", "--nvme", str(nvme), "--quick", "--out", str(tmp_path / "result"), "--spec", str(spec), "--verify")
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("z3: DeepSpeed pinned"))
+    pinned, planned = re.findall(r"(\d+\.\d \w+)", line)
+    assert pinned == planned and pinned.endswith("MiB"), line

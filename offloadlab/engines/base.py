@@ -95,6 +95,10 @@ class Engine(ABC):
     def memory_stats(self) -> DeviceMemory:
         return device_memory()
 
+    def pinned_swap_bytes(self) -> int:
+        """Page-locked host bytes held for NVMe swapping (none but DeepSpeed's NVMe placements)."""
+        return 0
+
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

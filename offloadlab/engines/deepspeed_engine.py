@@ -205,6 +205,18 @@ class DeepSpeedEngine(Engine):
         stale = re.compile(r"optim_states\.pt/optimizer_state_dict/optimizer_state_dict/state/(\d+)/")
         return {k: v for k, v in digest.items() if not ((m := stale.search(k)) and int(m.group(1)) in swapped)}
 
+    def pinned_swap_bytes(self) -> int:
+        """The page-locked RAM DeepSpeed's NVMe swappers hold: one buffer_size buffer per buffer_count for
+        the parameters, optimizer_buffer_count sub-group-sized fp32 buffers for the optimizer state."""
+        total = 0
+        swapper = getattr(next(self.engine.module.parameters()), "nvme_swapper", None)
+        if swapper is not None:
+            total += swapper.buffers.numel() * swapper.buffers.element_size()
+        optimizer_swapper = getattr(self.engine.optimizer, "optimizer_swapper", None)
+        if optimizer_swapper is not None:
+            total += sum(b.numel() * b.element_size() for b in optimizer_swapper.swap_buffer_manager.all_buffers)
+        return total
+
     def _subgroups(self) -> range:
         if not self.engine.zero_nvme_offload_optimizer():
             return range(0)

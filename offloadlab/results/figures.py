@@ -51,6 +51,8 @@ class ModelFacts:
     precision: str
     device_name: str
     world_size: int
+    pinned_swap_bytes: int = 0
+    """Rank 0's page-locked NVMe swap buffers (DeepSpeed's parameter and optimizer swappers)."""
 
     @property
     def flops_per_token(self) -> float:

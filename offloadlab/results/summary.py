@@ -39,6 +39,8 @@ class StrategySummary:
     peak_allocated_bytes: int | None
     peak_reserved_bytes: int | None
     host_rss_peak_bytes: int | None
+    pinned_swap_bytes: int | None
+    """Page-locked RAM for NVMe swap buffers (what `offloadlab tune --spec` sizes); None before the engine was built."""
     disk_read_bytes_per_step: float | None
     """Block-layer bytes the strategy's own processes read per step, all ranks (/proc/PID/io)."""
     disk_write_bytes_per_step: float | None
@@ -141,6 +143,7 @@ def summarize(store: RunStore) -> list[StrategySummary]:
                 peak_allocated_bytes=_max_or_none([r.peak_allocated_bytes for r in every_rank]),
                 peak_reserved_bytes=_max_or_none([r.peak_reserved_bytes for r in every_rank]),
                 host_rss_peak_bytes=_max_or_none([r.host_rss_peak_bytes for r in every_rank]),
+                pinned_swap_bytes=facts.pinned_swap_bytes if facts else None,
                 disk_read_bytes_per_step=figures.median([v for k, v in read_all.items() if k in steady_steps]),
                 disk_write_bytes_per_step=figures.median([v for k, v in written_all.items() if k in steady_steps]),
                 device_read_bytes_per_step=_median_field([t.device_read_bytes for t in telemetry]),

@@ -79,6 +79,7 @@ def record_model_facts(store: RunStore, strategy_id: int, spec: RunSpec, engine)
         spec.precision,
         device_name(engine.ctx.device),
         engine.ctx.world_size,
+        engine.pinned_swap_bytes(),
     )
     now = time.time()
     store.add_events(strategy_id, 0, [(None, MODEL_FACTS_EVENT, now, now, json.dumps(asdict(facts)))])
