@@ -8,9 +8,10 @@
 2. A copy of SPEC where each NVMe strategy gets a twin `<name>-tuned` including the tune fragment: the twin
    keeps the strategy's own buffer settings, so only the aio section differs.
 3. `offloadlab run` of that copy (real steps, telemetry, checkpoints verified), then `compare` and `report`.
-4. Each strategy's median step against its I/O floor: NVMe bytes per step over the drive's ceilings (one
-   drive: read and write time add) and PCIe bytes per step (NVML) over the pinned copy rates; the floor is
-   the slowest link's time, the ratio is step / floor.
+4. Each strategy's mean steady step (tokens over time) against its I/O floor: NVMe bytes per step over the
+   drive's ceilings (one drive: read and write time add) and PCIe bytes per step (NVML) over the pinned
+   copy rates; the floor is the slowest link's time, the ratio is step / floor. Beside it, the RAM
+   DeepSpeed pinned for swap buffers against what the tuner's sizing predicts for that strategy.
 5. bench/plan_accuracy's predicted vs measured table for the same run.
 Everything printed goes to FOLDER/at_scale.md with the commands; the store, logs and report are copied there.
 The run directory (checkpoints, GBs at scale) belongs on the big drive: --run-dir. --only runs some of the
@@ -39,6 +40,8 @@ from plan_accuracy import table as plan_table
 
 from offloadlab.results.store import DB_NAME, RunStore  # noqa: E402
 from offloadlab.results.summary import summarize  # noqa: E402
+from offloadlab.spec import parse_spec  # noqa: E402
+from offloadlab.tune.swap_buffers import plan_swap_buffers  # noqa: E402
 
 console = Console(width=180, record=True)
 commands: list[str] = []
@@ -90,9 +93,13 @@ def floors_table(run_dir: Path, tune: dict) -> Table:
         title="step time against the slowest link (bytes measured per step / bandwidth measured in this run)",
         header_style="bold",
     )
+    store = RunStore(run_dir)
+    spec = parse_spec(tomllib.loads(store.run()["spec_toml"]))
+    tokens_per_step = spec.seq_len * spec.micro_batch * spec.grad_accum * spec.nproc
     for col in (
         "strategy",
-        "step (s)",
+        "step (s)\nmean / p90",
+        "pinned GiB\nrun / tune",
         "NVMe read / write\nGB per step",
         "NVMe time (s)",
         "PCIe h2d / d2h\nGB per step",
@@ -101,27 +108,35 @@ def floors_table(run_dir: Path, tune: dict) -> Table:
         "step / floor",
     ):
         out.add_column(col, justify="left" if col == "strategy" else "right")
-    for s in summarize(RunStore(run_dir)):
-        if s.median_step_time_s is None:
-            out.add_row(s.name, "-", "-", "-", "-", "-", "-", s.status)
+    for s in summarize(store):
+        if not s.tokens_per_s:
+            out.add_row(s.name, "-", "-", "-", "-", "-", "-", "-", s.status)
             continue
+        step_s = tokens_per_step / s.tokens_per_s
+        strategy = spec.get_strategy(s.name)
+        planned = (
+            plan_swap_buffers(spec, strategy, strategy.aio.intra_op_parallelism).pinned_bytes
+            if getattr(strategy, "swaps_parameters", False)
+            else 0
+        )
         read, written = s.disk_read_bytes_per_step or 0, s.disk_write_bytes_per_step or 0
         nvme_s = read / read_ceiling + written / write_ceiling
         # NVML reports from the GPU's side: RX is host -> device.
-        to_gpu = (s.pcie_rx_bytes_per_s or 0) * s.median_step_time_s
-        from_gpu = (s.pcie_tx_bytes_per_s or 0) * s.median_step_time_s
+        to_gpu = (s.pcie_rx_bytes_per_s or 0) * step_s
+        from_gpu = (s.pcie_tx_bytes_per_s or 0) * step_s
         pcie_s = max(to_gpu / h2d, from_gpu / d2h) if h2d and d2h else 0.0
         floor = max(nvme_s, pcie_s)
-        bound = floor >= 0.05 * s.median_step_time_s
+        bound = floor >= 0.05 * step_s
         out.add_row(
             s.name,
-            f"{s.median_step_time_s:.3f}",
+            f"{step_s:.3f} / {s.p90_step_time_s:.3f}",
+            f"{(s.pinned_swap_bytes or 0) / 2**30:.2f} / {planned / 2**30:.2f}",
             f"{read / 1e9:.2f} / {written / 1e9:.2f}",
             f"{nvme_s:.3f}",
             f"{to_gpu / 1e9:.2f} / {from_gpu / 1e9:.2f}",
             f"{pcie_s:.3f}",
             f"{floor:.3f}",
-            f"{s.median_step_time_s / floor:.2f}x" if bound else "no link floor",
+            f"{step_s / floor:.2f}x" if bound else "no link floor",
         )
     out.caption = (
         f"drive ceilings read {read_ceiling / 1e9:.2f} / write {write_ceiling / 1e9:.2f} GB/s (best tune point or "

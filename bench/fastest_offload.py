@@ -1,12 +1,13 @@
 """Issue 22 on one GPU: the fastest offload for a model that does not fit, judged by throughput, stalls,
 practicality and loss, with the planner's GPU peak beside the measured one.
 
-    python bench/fastest_offload.py split configs/fastest_offload_h200.toml DIR   # DIR/a.toml, DIR/b.toml
+    python bench/fastest_offload.py split configs/fastest_offload_h200.toml DIR   # DIR/a.toml, b.toml, c.toml
     offloadlab run DIR/a.toml --out RUN_A; offloadlab run DIR/b.toml --out RUN_B    # back to back, one machine
     python bench/fastest_offload.py table RUN_A RUN_B
 
-Each half runs FSDP2 without offload too, so each run's practicality and loss deviation are its own; the
-halves exist only because one device call is limited to 10 minutes.
+Each part runs FSDP2 without offload too, so each run's practicality and loss deviation are its own; the
+parts exist only because one device call is limited to 10 minutes. Part c is SuperOffload beside its
+ZeRO-3 counterpart, for a machine where b's time ran out before it.
 """
 
 from __future__ import annotations
@@ -19,19 +20,20 @@ import tomli_w
 from rich.console import Console
 from rich.table import Table
 
-HALVES = {
+PARTS = {
     "a": ("fsdp2", "zero2-cpu", "zero2-cpu-zenflow", "fsdp2-cpu-dsadam"),
-    "b": ("fsdp2", "zero3-cpu", "zero3-opt-cpu", "zero3-opt-cpu-super", "fsdp2-cpu-offload"),
+    "b": ("fsdp2", "fsdp2-cpu-offload", "zero3-cpu", "zero3-opt-cpu", "zero3-opt-cpu-super"),
+    "c": ("zero3-opt-cpu-super", "zero3-opt-cpu", "fsdp2"),
 }
 
 
 def split(spec_path: Path, folder: Path) -> None:
     spec = tomllib.loads(spec_path.read_text())
     folder.mkdir(parents=True, exist_ok=True)
-    for half, names in HALVES.items():
-        part = {**spec, "name": f"{spec['name']}-{half}"}
-        part["strategy"] = [s for s in spec["strategy"] if s["name"] in names]
-        (folder / f"{half}.toml").write_text(tomli_w.dumps(part))
+    by_name = {s["name"]: s for s in spec["strategy"]}
+    for part_name, names in PARTS.items():
+        part = {**spec, "name": f"{spec['name']}-{part_name}", "strategy": [by_name[n] for n in names]}
+        (folder / f"{part_name}.toml").write_text(tomli_w.dumps(part))
 
 
 def table(run_dirs: list[Path]) -> Table:

@@ -121,7 +121,7 @@ def run(
     """Train every strategy of SPEC_PATH side by side, verify checkpoints, and print the comparison."""
     import sqlite3
 
-    from offloadlab.results.tables import compare_table, human_bytes
+    from offloadlab.results.tables import compare_table
     from offloadlab.run.runner import Launch, run_spec
 
     try:
@@ -156,7 +156,7 @@ def run(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def compare(run_dir: Path, as_json: bool) -> None:
     """Print a finished or running run's strategies side by side."""
-    from offloadlab.results.tables import compare_table, human_bytes
+    from offloadlab.results.tables import compare_table
 
     summaries, state = _read_run(run_dir)
     if as_json:

@@ -14,13 +14,13 @@ import psutil
 import pytest
 
 from conftest import cli, write_spec
-from offloadlab.spec import ModelSpec
-from offloadlab.workload.model import build_model
 from offloadlab.results.steps import CumulativeSeries, SampledSeries
 from offloadlab.results.store import RunStore, StepRecord
 from offloadlab.results.summary import summarize
+from offloadlab.spec import ModelSpec
 from offloadlab.telemetry.block_devices import read_diskstats, resolve_block_devices
 from offloadlab.telemetry.sampler import GPU_FIELDS, NvmlReader, Sampler, SamplerProcess
+from offloadlab.workload.model import build_model
 
 SWAPPING = [
     # small-cpu's matrices are over DeepSpeed's 1 MiB swap threshold, so they really go to the drive.

@@ -203,7 +203,9 @@ def test_verify_trains_the_tuned_buffers_and_deepspeed_pins_what_the_tune_planne
     nvme.mkdir()
     strategy = {k: v for k, v in NVME_STRATEGY.items() if k != "buffer_size"}
     spec = write_spec(tmp_path, [strategy], nvme_path=str(nvme), model=dict(preset="small-cpu"), seq_len=64)
-    proc = cli("tune", "--nvme", str(nvme), "--quick", "--out", str(tmp_path / "result"), "--spec", str(spec), "--verify")
+    proc = cli(
+        "tune", "--nvme", str(nvme), "--quick", "--out", str(tmp_path / "result"), "--spec", str(spec), "--verify"
+    )
     line = next(x for x in proc.stdout.splitlines() if x.startswith("z3: DeepSpeed pinned"))
     pinned, planned = re.findall(r"(\d+\.\d \w+)", line)
     assert pinned == planned and pinned.endswith("MiB"), line

@@ -40,7 +40,7 @@ class StrategySummary:
     peak_reserved_bytes: int | None
     host_rss_peak_bytes: int | None
     pinned_swap_bytes: int | None
-    """Page-locked RAM for NVMe swap buffers (what `offloadlab tune --spec` sizes); None before the engine was built."""
+    """Page-locked RAM of NVMe swap buffers (`offloadlab tune --spec` sizes them); None if no engine was built."""
     disk_read_bytes_per_step: float | None
     """Block-layer bytes the strategy's own processes read per step, all ranks (/proc/PID/io)."""
     disk_write_bytes_per_step: float | None

@@ -76,7 +76,9 @@ def plan_table(plan: SwapBufferPlan) -> Table:
     table.add_row("stage3_max_live_parameters", f"{plan.stage3_max_live_parameters:,}", "about four blocks")
     table.add_row("stage3_max_reuse_distance", f"{plan.stage3_max_reuse_distance:,}", "same window")
     table.add_row(
-        "pinned RAM, parameters", f"{plan.param_pinned_bytes / 2**30:.2f} GiB", "buffer_size x buffer_count x element size"
+        "pinned RAM, parameters",
+        f"{plan.param_pinned_bytes / 2**30:.2f} GiB",
+        "buffer_size x buffer_count x element size",
     )
     if plan.optimizer_buffer_count:
         table.add_row(
