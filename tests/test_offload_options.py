@@ -86,6 +86,17 @@ def test_bad_option_combinations_are_refused_by_name(strategy, extra, message):
         parse_spec({**TINY, **extra, "strategy": [strategy]})
 
 
+def test_only_plain_zero_and_fsdp2_count_as_exact_adamw():
+    """What compare holds to an exact strategy's last loss: ZenFlow by design, SuperOffload as measured."""
+    exact = {
+        name: parse_spec({**TINY, "strategy": [_strategy(name=name, zero_stage=3, offload_optimizer="cpu", **extra)]})
+        .strategy[0]
+        .exact
+        for name, extra in (("zero3", {}), ("super", {"super_offload": True}), ("zenflow", {"zenflow": {}}))
+    }
+    assert exact == {"zero3": True, "super": False, "zenflow": False}
+
+
 def test_super_offload_without_a_gpu_is_refused_before_any_work(tmp_path):
     strategy = _strategy(zero_stage=3, offload_optimizer="cpu", super_offload=True)
     spec = write_spec(tmp_path, [strategy], **TINY)
