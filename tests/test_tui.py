@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sqlite3
+import statistics
 import time
 from pathlib import Path
 
@@ -110,6 +111,10 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
                 panel = panels(app)[name]
                 steps = [r.step_time_s for r in store.steps(ids[name], rank=0)]
                 assert panel.query_one("#m-step Sparkline", Sparkline).data == steps
+                # Finished: the figure is the mean of the steady steps (the first left out), not the last step.
+                steady = f"{statistics.fmean(steps[1:]):.3f} s"
+                assert text_of(panel.query_one("#m-step .metric-value")) == steady
+                assert text_of(panel.query_one("#m-step .metric-range")) == f"{min(steps):.3f} s .. {max(steps):.3f} s"
                 assert f"step {summary.steps_done} of {summary.steps_planned}" in text_of(
                     panel.query_one(".panel-title")
                 )
@@ -124,7 +129,7 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
                 assert cell(table, name, 13) == human_bytes(summary.comm_bytes_per_step)
                 assert cell(table, name, 14) == "verified"
             # The NVMe strategy's disk series moved (it wrote its swap files under the temp drive).
-            assert max(panels(app)["zero3-nvme"].view.disk_write_bytes_per_s) > 0
+            assert max(panels(app)["zero3-nvme"].view.disk_write_bytes_per_s.values) > 0
 
     asyncio.run(scenario())
 
@@ -416,7 +421,8 @@ def test_snapshot_of_the_dashboard_on_a_large_terminal(fixed_root, snap_compare)
 def test_the_reader_works_without_textual(fixed_root):
     view = read_run(fixed_root / "demo")
     assert [s.name for s in view.strategies] == ["zero3-nvme", "fsdp2-cpu-offload", "fsdp2"]
-    assert view.current.name == "fsdp2" and view.current.eta_s == pytest.approx(5 * 0.7)  # median 0.7 s x 5 left
+    # 5 steps left at the median of the steady steps (the first, 0.7 s, left out: 0.9 and 0.6 s)
+    assert view.current.name == "fsdp2" and view.current.eta_s == pytest.approx(5 * 0.75)
     assert view.strategies[1].summary.reason.startswith("host RAM exhausted")
     assert json.dumps([e.name for e in find_runs(fixed_root)]) == '["demo", "tune"]'
 
@@ -461,3 +467,26 @@ def test_only_the_screen_shown_reads_the_store(root):
             await wait_until(pilot, lambda: any(t > hidden_since for t in reads))
 
     asyncio.run(scenario())
+
+
+def test_the_run_given_is_the_first_run_read_and_follow_prefers_the_running_one(fixed_root, monkeypatch):
+    """`offloadlab tui RUN_DIR` showed the newest run under ./runs first; following picked the newest
+    created run over the one running."""
+    from offloadlab_tui import reader
+
+    for name, shift in (("newer", 3600), ("older", -3600)):  # nothing runs these two
+        with sqlite3.connect(copy_store(fixed_root / "demo", fixed_root / name) / DB_NAME) as conn:
+            conn.execute("UPDATE runs SET created_at = created_at + ?", (shift,))
+    read = []
+    original = reader.RunReader.read
+    monkeypatch.setattr(reader.RunReader, "read", lambda self: read.append(self.run_dir.name) or original(self))
+
+    async def first_run_shown(**where) -> list[str]:
+        read.clear()
+        app = make_app(root=fixed_root, poll_s=0.05, **where)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: _ready(app, DashboardScreen))
+            return list(read)
+
+    assert set(asyncio.run(first_run_shown(run_dir=fixed_root / "older"))) == {"older"}
+    assert set(asyncio.run(first_run_shown())) == {"demo"}  # running, though "newer" is newer

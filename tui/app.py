@@ -42,25 +42,31 @@ class OffloadlabApp(App):
         self.root, self.poll_s = Path(root), poll_s
         self.clock = clock
         """What "N min ago" counts from (snapshot tests fix it)."""
-        # None: follow the newest run (or tune) under root, so one started later is picked up.
+        # None: follow the run (or tune) under root that is running, else the newest, so one started later
+        # is picked up.
         self.pinned_run: Path | None = None
         self.pinned_tune: Path | None = None
         self.jobs: list[Job] = []
-        self._start_dir = run_dir
+        self._start_mode: str | None = None
+        if run_dir is not None:
+            # Pinned before the first screen reads anything: its first frame is this run, no other.
+            self._start_mode = self._pin(Path(run_dir))
 
     def on_mount(self) -> None:
-        if self._start_dir is not None:
-            self.open_dir(Path(self._start_dir))
+        if self._start_mode == "tune":
+            self.switch_mode("tune")
 
-    def open_dir(self, path: Path) -> None:
+    def _pin(self, path: Path) -> str:
         entry = next((e for e in find_runs(path) if e.path == path), None)
         if entry is not None and entry.kind == "tune":
             self.pinned_tune = path
-            self.switch_mode("tune")
-        else:
-            # An unreadable or missing store still opens: the dashboard says what is wrong with it.
-            self.pinned_run = path
-            self.switch_mode("dashboard")
+            return "tune"
+        # An unreadable or missing store still opens: the dashboard says what is wrong with it.
+        self.pinned_run = path
+        return "dashboard"
+
+    def open_dir(self, path: Path) -> None:
+        self.switch_mode(self._pin(path))
 
 
 def make_app(

@@ -7,16 +7,19 @@ Nothing here writes.
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from offloadlab.results.figures import steady_state
 from offloadlab.results.rundir import DB_NAME
 from offloadlab.results.status import Status
+from offloadlab.results.steps import FollowedStrategy
 from offloadlab.results.store import RunStore, StoreError, TunePoint
-from offloadlab.results.summary import StrategySummary, summarize
+from offloadlab.results.summary import StrategySummary, SummaryCache, summarize
 
 TUNE_RUN_NAME = "tune"
 
@@ -25,17 +28,37 @@ class ReaderError(Exception):
     """A run directory that cannot be shown; the message says why, for the screen."""
 
 
+WINDOW_STEPS = 120
+"""Per-step sparklines show the last this many steps."""
+WINDOW_S = 600.0
+"""Sampled sparklines (PCIe, disk) show the last this many seconds of the strategy's samples."""
+
+
+@dataclass(frozen=True)
+class Series:
+    """One panel metric: the values of the window shown, and the figure printed beside them."""
+
+    values: list[float]
+    figure: float | None
+    """The latest value while the strategy runs; once it has finished, its steady-state figure (a mean over
+    its steady steps), not whatever the last sample happened to be."""
+
+    @classmethod
+    def of(cls, values: list[float], finished: bool, steady: float | None) -> "Series":
+        return cls(values, steady if finished else values[-1] if values else None)
+
+
 @dataclass(frozen=True)
 class StrategyView:
     summary: StrategySummary
-    step_times_s: list[float]
-    tokens_per_s: list[float]
-    gpu_allocated_bytes: list[float]
+    step_time_s: Series
+    tokens_per_s: Series
+    gpu_allocated_bytes: Series
     """Peak allocated bytes of each step (rank 0); empty without a GPU."""
-    pcie_tx_bytes_per_s: list[float]
-    pcie_rx_bytes_per_s: list[float]
-    disk_read_bytes_per_s: list[float]
-    disk_write_bytes_per_s: list[float]
+    pcie_tx_bytes_per_s: Series
+    pcie_rx_bytes_per_s: Series
+    disk_read_bytes_per_s: Series
+    disk_write_bytes_per_s: Series
     telemetry_notes: list[str]
     """Why some fields are absent (no NVML, no block device), as the sampler recorded it."""
     eta_s: float | None
@@ -108,47 +131,89 @@ def _read(run_dir: Path, read):
         store.close()
 
 
-def _summed_by_time(rows: list[tuple[float, str, float | None]]) -> list[float]:
-    """One value per sample time, summed over GPUs (or devices) sampled at that time."""
+def _summed_by_time(rows: list[tuple[float, str, float | None]]) -> list[tuple[float, float]]:
+    """One (time, value) per sample time, summed over GPUs (or devices) sampled at that time."""
     by_time: dict[float, float] = {}
     for t, _, value in rows:
         if value is not None:
             by_time[t] = by_time.get(t, 0.0) + value
-    return [by_time[t] for t in sorted(by_time)]
+    return sorted(by_time.items())
 
 
-def _eta(summary: StrategySummary, step_times: list[float]) -> float | None:
-    if summary.status is not Status.RUNNING or not step_times:
+def _eta(summary: StrategySummary) -> float | None:
+    if summary.status is not Status.RUNNING or summary.median_step_time_s is None:
         return None
-    return statistics.median(step_times) * max(0, summary.steps_planned - summary.steps_done)
+    return summary.median_step_time_s * max(0, summary.steps_planned - summary.steps_done)
 
 
-def _strategy_view(store: RunStore, strategy_id: int, summary: StrategySummary) -> StrategyView:
-    steps = store.steps(strategy_id, rank=0)
-    step_times = [r.step_time_s for r in steps]
-    notes = [row["detail"] for row in store.events(strategy_id, "telemetry_note")]
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _strategy_view(store: RunStore, followed: FollowedStrategy, summary: StrategySummary) -> StrategyView:
+    finished = summary.status.finished
+    steps = followed.rank0
+    steady = steady_state(steps)
+    shown = steps[-WINDOW_STEPS:]
+    # A finished strategy's samples are shown up to its last step (the sampler outlives it a little), and
+    # their steady figure is the mean over its steady steps.
+    span = (steady[0].t_start, steady[-1].t_end) if finished and steady else None
+
+    def sampled(pattern: str) -> Series:
+        start = (span[1] if span else store.newest_sample_t(followed.strategy_id)) - WINDOW_S
+        after = min(start, span[0]) if span else start
+        timed = _summed_by_time(store.samples(followed.strategy_id, pattern, after_t=after))
+        if span:
+            timed = [(t, v) for t, v in timed if t <= span[1]]
+        values = [v for t, v in timed if t > start]
+        return Series.of(values, finished, _mean([v for t, v in timed if span and t >= span[0]]))
+
+    allocated = [float(r.peak_allocated_bytes) for r in steps if r.peak_allocated_bytes is not None]
     return StrategyView(
         summary=summary,
-        step_times_s=step_times,
-        tokens_per_s=[r.tokens_per_s for r in steps],
-        gpu_allocated_bytes=[float(r.peak_allocated_bytes) for r in steps if r.peak_allocated_bytes is not None],
-        pcie_tx_bytes_per_s=_summed_by_time(store.samples(strategy_id, "gpu%.pcie_tx(B/s)")),
-        pcie_rx_bytes_per_s=_summed_by_time(store.samples(strategy_id, "gpu%.pcie_rx(B/s)")),
-        disk_read_bytes_per_s=_summed_by_time(store.samples(strategy_id, "disk.read(B/s)")),
-        disk_write_bytes_per_s=_summed_by_time(store.samples(strategy_id, "disk.write(B/s)")),
-        telemetry_notes=notes,
-        eta_s=_eta(summary, step_times),
+        step_time_s=Series.of([r.step_time_s for r in shown], finished, _mean([r.step_time_s for r in steady])),
+        tokens_per_s=Series.of([r.tokens_per_s for r in shown], finished, summary.tokens_per_s),
+        gpu_allocated_bytes=Series.of(allocated[-WINDOW_STEPS:], finished, summary.peak_allocated_bytes),
+        pcie_tx_bytes_per_s=sampled("gpu%.pcie_tx(B/s)"),
+        pcie_rx_bytes_per_s=sampled("gpu%.pcie_rx(B/s)"),
+        disk_read_bytes_per_s=sampled("disk.read(B/s)"),
+        disk_write_bytes_per_s=sampled("disk.write(B/s)"),
+        telemetry_notes=[row["detail"] for row in followed.events.get("telemetry_note", [])],
+        eta_s=_eta(summary),
     )
 
 
-def read_run(run_dir: Path) -> RunView:
-    def read(store: RunStore) -> RunView:
+class RunReader:
+    """One run as the dashboard polls it: the summaries follow the store through a cache (a poll reads
+    what was written since the last), and a finished strategy's panel data is read once."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self._cache = SummaryCache()
+        self._finished: dict[str, StrategyView] = {}
+
+    def read(self) -> RunView:
+        return _read(self.run_dir, self._read)
+
+    def _read(self, store: RunStore) -> RunView:
         run = store.run()
         ids = {row["name"]: row["id"] for row in store.strategies(run["id"])}
-        views = [_strategy_view(store, ids[s.name], s) for s in summarize(store)]
-        return RunView(Path(run_dir), run["name"], store.run_status(), run["created_at"], views, store.last_written())
+        views = []
+        for summary in summarize(store, self._cache):
+            kept = self._finished.get(summary.name)
+            if kept is not None:
+                # Its own figures are final; practicality and the loss check can still change with others.
+                views.append(dataclasses.replace(kept, summary=summary))
+                continue
+            view = _strategy_view(store, self._cache.strategies[ids[summary.name]], summary)
+            if summary.status.finished:
+                self._finished[summary.name] = view
+            views.append(view)
+        return RunView(self.run_dir, run["name"], store.run_status(), run["created_at"], views, store.last_written())
 
-    return _read(run_dir, read)
+
+def read_run(run_dir: Path) -> RunView:
+    return RunReader(run_dir).read()
 
 
 def read_tune(run_dir: Path) -> TuneView:
@@ -187,7 +252,10 @@ def find_runs(root: Path) -> list[RunEntry]:
 
 
 def latest(root: Path, kind: str) -> Path | None:
-    return next((e.path for e in find_runs(root) if e.kind == kind), None)
+    """The run (or tune) to follow: the newest of those running, else the newest."""
+    entries = [e for e in find_runs(root) if e.kind == kind]
+    running = [e for e in entries if e.status is Status.RUNNING]
+    return next((e.path for e in running + entries), None)
 
 
 def when(created_at: float) -> str:

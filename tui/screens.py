@@ -18,7 +18,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Input, Label, Static
 
 from . import processes
-from .reader import ReaderError, RunView, TuneView, find_runs, latest, read_run, read_tune, when
+from .reader import ReaderError, RunReader, RunView, TuneView, find_runs, latest, read_tune, when
 from .widgets import CompareTable, RunHeader, StrategyPanel, TuneHeatmap, top_points_table
 
 
@@ -92,6 +92,8 @@ class PollingScreen(Screen):
 class DashboardScreen(PollingScreen):
     """The run being followed: a panel per strategy and the comparison table."""
 
+    _reader: RunReader | None = None
+
     def compose(self) -> ComposeResult:
         yield Header()
         yield RunHeader(id="run-header")
@@ -102,7 +104,11 @@ class DashboardScreen(PollingScreen):
 
     def read(self) -> RunView | None:
         target = self.app.pinned_run or latest(self.app.root, "run")
-        return None if target is None else read_run(target)
+        if target is None:
+            return None
+        if self._reader is None or self._reader.run_dir != target:
+            self._reader = RunReader(target)  # another run: its cache starts afresh
+        return self._reader.read()
 
     def nothing_yet(self) -> str:
         return f"no runs under {self.app.root} yet: start one with `offloadlab run SPEC` or press r, then s"

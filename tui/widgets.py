@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, Vertical
@@ -13,7 +16,7 @@ from offloadlab.results.store import TunePoint
 from offloadlab.results.summary import StrategySummary
 from offloadlab.results.tables import ago, fmt_or_dash, human_bytes, loss_deviation, stalls
 
-from .reader import RunView, StrategyView, TuneView
+from .reader import RunView, Series, StrategyView, TuneView
 
 
 def _rate(bytes_per_s: float) -> str:
@@ -28,23 +31,32 @@ def status_text(summary: StrategySummary, with_reason: bool = True) -> Text:
 
 
 class MetricSpark(Vertical):
-    """A titled sparkline with the latest value, or a note saying why there is no data."""
+    """A titled sparkline of a window of values, with the figure (latest, or steady once finished) and the
+    window's min and max, or a note saying why there is no data."""
 
     def __init__(self, title: str, **kwargs):
         super().__init__(**kwargs)
-        # Made here, not in compose, so a value can be shown before the widget is mounted.
-        self.spark = Sparkline([], summary_function=max)
+        # Made here, not in compose, so a value can be shown before the widget is mounted. Each bar is the
+        # mean of its bin: a max lets one spike (the warm-up step, a stall) fill every bar of a long run.
+        self.spark = Sparkline([], summary_function=statistics.fmean)
         self.value = Label("-", classes="metric-value")
+        self.range = Label("", classes="metric-range")
         self.metric_name = title
 
     def compose(self) -> ComposeResult:
         yield Label(self.metric_name, classes="metric-title")
         yield self.spark
         yield self.value
+        yield self.range
 
-    def show(self, values: list[float], latest: str | None, absent: str = "no data yet") -> None:
-        self.spark.data = values
-        self.value.update(latest if values and latest else absent)
+    def show(self, series: Series, fmt: Callable[[float], str], absent: str = "no data yet") -> None:
+        self.spark.data = series.values
+        if not series.values or series.figure is None:
+            self.value.update(absent)
+            self.range.update("")
+            return
+        self.value.update(fmt(series.figure))
+        self.range.update(f"{fmt(min(series.values))} .. {fmt(max(series.values))}")
 
 
 class StrategyPanel(Vertical):
@@ -84,17 +96,14 @@ class StrategyPanel(Vertical):
         self.set_class(s.status in (Status.DOES_NOT_FIT, Status.FAILED), "-failed")
         no_gpu = "no GPU" if view.gpu_absent else "no data yet"
 
-        def spark(key: str, values: list[float], fmt, absent: str = "no data yet") -> None:
-            self.metrics[key].show(values, fmt(values[-1]) if values else None, absent)
-
-        spark("step", view.step_times_s, lambda v: f"{v:.3f} s")
-        spark("tps", view.tokens_per_s, lambda v: f"{v:,.0f}")
-        spark("gpu", view.gpu_allocated_bytes, human_bytes, no_gpu)
-        spark("tx", view.pcie_tx_bytes_per_s, _rate, no_gpu)
-        spark("rx", view.pcie_rx_bytes_per_s, _rate, no_gpu)
+        self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s")
+        self.metrics["tps"].show(view.tokens_per_s, lambda v: f"{v:,.0f}")
+        self.metrics["gpu"].show(view.gpu_allocated_bytes, human_bytes, no_gpu)
+        self.metrics["tx"].show(view.pcie_tx_bytes_per_s, _rate, no_gpu)
+        self.metrics["rx"].show(view.pcie_rx_bytes_per_s, _rate, no_gpu)
         no_disk = "no block device" if any("disk fields absent" in n for n in view.telemetry_notes) else "no data yet"
-        spark("read", view.disk_read_bytes_per_s, _rate, no_disk)
-        spark("write", view.disk_write_bytes_per_s, _rate, no_disk)
+        self.metrics["read"].show(view.disk_read_bytes_per_s, _rate, no_disk)
+        self.metrics["write"].show(view.disk_write_bytes_per_s, _rate, no_disk)
 
 
 class RunHeader(Static):

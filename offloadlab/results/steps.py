@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import bisect
+import json
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -66,22 +68,129 @@ class SampledSeries:
         return statistics.fmean(window) if window else None
 
 
-def per_step(store: RunStore, strategy_id: int, steps: list[StepRecord]) -> list[StepTelemetry]:
-    util = SampledSeries(store.samples(strategy_id, "gpu%.util(%)"))
-    tx = SampledSeries(store.samples(strategy_id, "gpu%.pcie_tx(B/s)"))
-    rx = SampledSeries(store.samples(strategy_id, "gpu%.pcie_rx(B/s)"))
-    read = CumulativeSeries(store.samples(strategy_id, "disk.read_bytes(B)"))
-    written = CumulativeSeries(store.samples(strategy_id, "disk.write_bytes(B)"))
-    out = []
-    for s in steps:
-        mean_util = util.mean_in(s.t_start, s.t_end)
-        out.append(
-            StepTelemetry(
+# What the engines time inside a step (engines.base.PhaseTimer), in the order they run.
+PHASES = ("forward", "backward", "optimizer")
+# The sampler's series the per-step figures are computed from.
+SERIES = {
+    "util": "gpu%.util(%)",
+    "tx": "gpu%.pcie_tx(B/s)",
+    "rx": "gpu%.pcie_rx(B/s)",
+    "read": "disk.read_bytes(B)",
+    "written": "disk.write_bytes(B)",
+}
+
+
+@dataclass
+class AllRanks:
+    """One step's figures over every rank: bytes add up, peaks are the highest rank's."""
+
+    disk_read_bytes: float = 0.0
+    disk_write_bytes: float = 0.0
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    host_rss_peak_bytes: int | None = None
+
+    def add(self, r: StepRecord) -> None:
+        self.disk_read_bytes += r.disk_read_bytes
+        self.disk_write_bytes += r.disk_write_bytes
+        self.peak_allocated_bytes = _max(self.peak_allocated_bytes, r.peak_allocated_bytes)
+        self.peak_reserved_bytes = _max(self.peak_reserved_bytes, r.peak_reserved_bytes)
+        self.host_rss_peak_bytes = _max(self.host_rss_peak_bytes, r.host_rss_peak_bytes)
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+class FollowedStrategy:
+    """A strategy's steps and per-step figures as read so far. Each `update` reads only what was written
+    since the last one, and a step's figures are computed once, when its samples are all in: on an
+    hours-long store a read costs what was new, not the run's length."""
+
+    def __init__(self, strategy_id: int):
+        self.strategy_id = strategy_id
+        self.rank0: list[StepRecord] = []
+        self.all_ranks: dict[int, AllRanks] = {}
+        self.telemetry: dict[int, StepTelemetry] = {}
+        """Final figures of the steps whose samples are all in."""
+        self.comm: dict[int, tuple[float, float]] = {}
+        """step -> (bytes, seconds) of rank 0's collectives in training, all kinds together."""
+        self.phases: dict[int, dict[str, float]] = {}
+        """step -> seconds rank 0 spent in each of PHASES (a phase can repeat: one per micro-batch)."""
+        self.events: dict[str, list] = {}
+        """Other events by kind (notes, the model's facts, checkpoints), in the order recorded."""
+        self._rows: dict[str, list[tuple]] = {key: [] for key in SERIES}
+        self._last_sample_t: dict[str, float] = {key: -math.inf for key in SERIES}
+        self._last_event_id = 0
+        self._open: dict[int, StepTelemetry] = {}
+        """Figures of steps whose samples may still be on their way: recomputed on the next update."""
+
+    def update(self, store: RunStore, finished: bool) -> None:
+        last = self.rank0[-1].step if self.rank0 else 0
+        self.rank0 += store.steps(self.strategy_id, rank=0, after_step=last)
+        # Other ranks' rows of the newest steps may still be on their way: those steps are summed again.
+        redo = store.steps(self.strategy_id, rank=None, after_step=max(0, last - 1))
+        for step in {r.step for r in redo}:
+            self.all_ranks[step] = AllRanks()
+        for r in redo:
+            self.all_ranks[r.step].add(r)
+        for key, pattern in SERIES.items():
+            new = store.samples(self.strategy_id, pattern, after_t=self._last_sample_t[key])
+            self._rows[key] += new
+            if new:
+                self._last_sample_t[key] = new[-1][0]
+        self._read_events(store)
+        self._measure_steps(finished)
+
+    def _read_events(self, store: RunStore) -> None:
+        for e in store.events(self.strategy_id, after_id=self._last_event_id):
+            self._last_event_id = max(self._last_event_id, e["id"])
+            if e["kind"] in PHASES:
+                if e["rank"] == 0 and e["t_end"] is not None:
+                    spent = self.phases.setdefault(e["step"], {})
+                    spent[e["kind"]] = spent.get(e["kind"], 0.0) + e["t_end"] - e["t_start"]
+                continue
+            if not e["kind"].startswith("comm."):
+                self.events.setdefault(e["kind"], []).append(e)
+                continue
+            totals = json.loads(e["detail"])
+            if e["rank"] != 0 or totals["phase"] != "train":
+                continue  # the step re-run after a restore carries the same number
+            nbytes, seconds = self.comm.get(e["step"], (0.0, 0.0))
+            self.comm[e["step"]] = (nbytes + totals["bytes"], seconds + totals["seconds"])
+
+    def _measure_steps(self, finished: bool) -> None:
+        self._open = {}
+        pending = [s for s in self.rank0 if s.step not in self.telemetry]
+        if not pending:
+            return
+        util, tx, rx = (SampledSeries(self._rows[k]) for k in ("util", "tx", "rx"))
+        read, written = CumulativeSeries(self._rows["read"]), CumulativeSeries(self._rows["written"])
+        newest = max(self._last_sample_t.values())
+        still_open = []
+        for s in pending:
+            mean_util = util.mean_in(s.t_start, s.t_end)
+            figures = StepTelemetry(
                 gpu_idle_share=None if mean_util is None else 1.0 - mean_util / 100.0,
                 device_read_bytes=read.between(s.t_start, s.t_end),
                 device_write_bytes=written.between(s.t_start, s.t_end),
                 pcie_tx_bytes_per_s=tx.mean_in(s.t_start, s.t_end),
                 pcie_rx_bytes_per_s=rx.mean_in(s.t_start, s.t_end),
             )
-        )
-    return out
+            if finished or newest > s.t_end:
+                self.telemetry[s.step] = figures
+            else:
+                self._open[s.step] = figures
+                still_open.append(s)
+        # The next step starts where the last one known ended: its samples are kept from there.
+        self._forget_rows_before(still_open[0].t_start if still_open else self.rank0[-1].t_end)
+
+    def _forget_rows_before(self, t: float) -> None:
+        """Keep the last sample before t (a counter is interpolated from it) and everything after."""
+        for key, rows in self._rows.items():
+            i = bisect.bisect_left([r[0] for r in rows], t)
+            self._rows[key] = rows[max(0, i - 1) :]
+
+    def step_telemetry(self, steps: list[StepRecord]) -> list[StepTelemetry]:
+        known = {**self.telemetry, **self._open}
+        return [known[s.step] for s in steps if s.step in known]

@@ -9,6 +9,8 @@ beside it, and a file that is not a run store is a one-line `StoreError`.
 from __future__ import annotations
 
 import json
+import math
+import re
 import sqlite3
 import time
 from dataclasses import asdict, dataclass
@@ -397,26 +399,48 @@ class RunStore:
         rows = self.conn.execute(query + " ORDER BY step, rank", args).fetchall()
         return [StepRecord(**{k: r[k] for k in r.keys() if k not in ("strategy_id", "rank")}) for r in rows]
 
-    def samples(self, strategy_id: int, metric_like: str) -> list[tuple[float, str, float | None]]:
-        """(t, metric, value) of a strategy's samples whose metric matches a LIKE pattern, by time."""
-        return [
-            tuple(r)
-            for r in self.conn.execute(
-                "SELECT t, metric, value FROM samples WHERE strategy_id = ? AND metric LIKE ? ORDER BY t",
-                (strategy_id, metric_like),
-            )
-        ]
+    def newest_sample_t(self, strategy_id: int) -> float:
+        """The time of the strategy's last sample (an index seek), -inf before the first."""
+        row = self.conn.execute(
+            "SELECT MAX(t) FROM samples WHERE strategy_id = ? AND metric = ?",
+            (strategy_id, (self.metrics(strategy_id) or [""])[0]),
+        ).fetchone()
+        return row[0] if row[0] is not None else -math.inf
+
+    def metrics(self, strategy_id: int) -> list[str]:
+        """The metric names a strategy's samples hold: one index seek per name (a long run has millions of
+        samples and a dozen names; DISTINCT would read them all)."""
+        names: list[str] = []
+        query = "SELECT MIN(metric) FROM samples WHERE strategy_id = ? AND metric > ?"
+        while (name := self.conn.execute(query, (strategy_id, names[-1] if names else "")).fetchone()[0]) is not None:
+            names.append(name)
+        return names
+
+    def samples(
+        self, strategy_id: int, metric_like: str, after_t: float | None = None
+    ) -> list[tuple[float, str, float | None]]:
+        """(t, metric, value) of a strategy's samples whose metric matches a LIKE pattern (and later than
+        after_t), by time. The pattern is matched against the metric names first, so the query reads only
+        the matching metrics' rows through the (strategy, metric, t) index, not every sample."""
+        pattern = re.compile(re.escape(metric_like).replace("%", ".*").replace("_", "."), re.IGNORECASE)
+        names = [m for m in self.metrics(strategy_id) if pattern.fullmatch(m)]
+        if not names:
+            return []
+        rows = self.conn.execute(
+            f"SELECT t, metric, value FROM samples WHERE strategy_id = ? AND metric IN ({', '.join('?' * len(names))})"
+            " AND t > ? ORDER BY t",
+            (strategy_id, *names, -math.inf if after_t is None else after_t),
+        )
+        return [tuple(r) for r in rows]
 
     def tune_points(self, run_id: int) -> list[TunePoint]:
         """Best score first."""
         rows = self.conn.execute("SELECT * FROM tune_points WHERE run_id = ? ORDER BY score_gbps DESC", (run_id,))
         return [TunePoint.from_row(r) for r in rows]
 
-    def events(self, strategy_id: int, kind: str | None = None) -> list[sqlite3.Row]:
-        if kind is None:
-            return self.conn.execute(
-                "SELECT * FROM events WHERE strategy_id = ? ORDER BY t_start", (strategy_id,)
-            ).fetchall()
-        return self.conn.execute(
-            "SELECT * FROM events WHERE strategy_id = ? AND kind = ? ORDER BY t_start", (strategy_id, kind)
-        ).fetchall()
+    def events(self, strategy_id: int, kind: str | None = None, after_id: int = 0) -> list[sqlite3.Row]:
+        """By start time; `after_id`: only those recorded after that event (ids grow with each commit)."""
+        query, args = "SELECT * FROM events WHERE strategy_id = ? AND id > ?", (strategy_id, after_id)
+        if kind is not None:
+            query, args = query + " AND kind = ?", (*args, kind)
+        return self.conn.execute(query + " ORDER BY t_start", args).fetchall()

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass
 
 from offloadlab.results import figures
 from offloadlab.results.status import DIED_REASON, Status
-from offloadlab.results.steps import per_step
-from offloadlab.results.store import RunStore, StepRecord, StoreError
+from offloadlab.results.steps import FollowedStrategy
+from offloadlab.results.store import RunStore, StoreError
 from offloadlab.spec import strategy_from_store
 
 
@@ -72,32 +72,27 @@ def _median_field(values: list[float | None]) -> float | None:
     return figures.median([v for v in values if v is not None])
 
 
-def _bytes_per_step_all_ranks(steps: list[StepRecord], attr: str) -> dict[int, float]:
-    per_step: dict[int, float] = {}
-    for r in steps:
-        per_step[r.step] = per_step.get(r.step, 0.0) + getattr(r, attr)
-    return per_step
+class SummaryCache:
+    """One store's strategies as followed between reads (steps.FollowedStrategy): the TUI keeps one per
+    run it shows, so each poll reads and aggregates only what the run wrote since the last."""
+
+    def __init__(self):
+        self.strategies: dict[int, FollowedStrategy] = {}
+
+    def follow(self, store: RunStore, strategy_id: int, finished: bool) -> FollowedStrategy:
+        followed = self.strategies.setdefault(strategy_id, FollowedStrategy(strategy_id))
+        followed.update(store, finished)
+        return followed
 
 
-def _comm_per_step(store: RunStore, strategy_id: int, steps: set[int]) -> dict[int, tuple[float, float]]:
-    """step -> (bytes, seconds) of rank 0's collectives, all kinds together."""
-    out: dict[int, tuple[float, float]] = {}
-    for e in store.events(strategy_id):
-        if e["kind"].startswith("comm.") and e["rank"] == 0 and e["step"] in steps:
-            totals = json.loads(e["detail"])
-            if totals["phase"] != "train":
-                continue  # the step re-run after a restore carries the same number
-            nbytes, seconds = out.get(e["step"], (0.0, 0.0))
-            out[e["step"]] = (nbytes + totals["bytes"], seconds + totals["seconds"])
-    return out
-
-
-def _model_facts(store: RunStore, strategy_id: int) -> figures.ModelFacts | None:
-    events = store.events(strategy_id, figures.MODEL_FACTS_EVENT)
+def _model_facts(followed: FollowedStrategy) -> figures.ModelFacts | None:
+    events = followed.events.get(figures.MODEL_FACTS_EVENT)
     return figures.ModelFacts(**json.loads(events[0]["detail"])) if events else None
 
 
-def summarize(store: RunStore) -> list[StrategySummary]:
+def summarize(store: RunStore, cache: SummaryCache | None = None) -> list[StrategySummary]:
+    """Every strategy's figures; with a cache kept from the last call, only what is new is read."""
+    cache = cache or SummaryCache()
     run = store.run()
     if not store.strategies(run["id"]) and store.tune_points(run["id"]):
         raise StoreError(
@@ -110,18 +105,17 @@ def summarize(store: RunStore) -> list[StrategySummary]:
         status, reason = Status(row["status"]), row["reason"]
         if died and status.unfinished:
             status, reason = Status.FAILED, f"{Status.INTERRUPTED}: {DIED_REASON}"
-        rank0 = store.steps(row["id"], rank=0)
-        every_rank = store.steps(row["id"], rank=None)
+        followed = cache.follow(store, row["id"], finished=status.finished)
+        rank0 = followed.rank0
         steady = figures.steady_state(rank0)
-        steady_steps = {r.step for r in steady}
         times = figures.StepTimes.of([r.step_time_s for r in steady], [r.tokens_per_s * r.step_time_s for r in steady])
-        read_all = _bytes_per_step_all_ranks(every_rank, "disk_read_bytes")
-        written_all = _bytes_per_step_all_ranks(every_rank, "disk_write_bytes")
-        telemetry = per_step(store, row["id"], steady)
-        comm = _comm_per_step(store, row["id"], steady_steps)
+        all_ranks = list(followed.all_ranks.values())
+        steady_all_ranks = [followed.all_ranks[r.step] for r in steady if r.step in followed.all_ranks]
+        telemetry = followed.step_telemetry(steady)
+        comm = [followed.comm[r.step] for r in steady if r.step in followed.comm]
         verified = row["checkpoint_verified"]
         tokens_per_s = times.tokens_per_s if times else None
-        facts = _model_facts(store, row["id"])
+        facts = _model_facts(followed)
         strategy = strategy_from_store(json.loads(row["config_json"]))
         out.append(
             StrategySummary(
@@ -140,19 +134,19 @@ def summarize(store: RunStore) -> list[StrategySummary]:
                 exact=strategy.exact if strategy else None,
                 last_loss_deviation=None,
                 mfu_percent=figures.mfu_percent(tokens_per_s, facts) if facts and tokens_per_s else None,
-                peak_allocated_bytes=_max_or_none([r.peak_allocated_bytes for r in every_rank]),
-                peak_reserved_bytes=_max_or_none([r.peak_reserved_bytes for r in every_rank]),
-                host_rss_peak_bytes=_max_or_none([r.host_rss_peak_bytes for r in every_rank]),
+                peak_allocated_bytes=_max_or_none([r.peak_allocated_bytes for r in all_ranks]),
+                peak_reserved_bytes=_max_or_none([r.peak_reserved_bytes for r in all_ranks]),
+                host_rss_peak_bytes=_max_or_none([r.host_rss_peak_bytes for r in all_ranks]),
                 pinned_swap_bytes=facts.pinned_swap_bytes if facts else None,
-                disk_read_bytes_per_step=figures.median([v for k, v in read_all.items() if k in steady_steps]),
-                disk_write_bytes_per_step=figures.median([v for k, v in written_all.items() if k in steady_steps]),
+                disk_read_bytes_per_step=figures.median([r.disk_read_bytes for r in steady_all_ranks]),
+                disk_write_bytes_per_step=figures.median([r.disk_write_bytes for r in steady_all_ranks]),
                 device_read_bytes_per_step=_median_field([t.device_read_bytes for t in telemetry]),
                 device_write_bytes_per_step=_median_field([t.device_write_bytes for t in telemetry]),
                 gpu_idle_share=_median_field([t.gpu_idle_share for t in telemetry]),
                 pcie_tx_bytes_per_s=_median_field([t.pcie_tx_bytes_per_s for t in telemetry]),
                 pcie_rx_bytes_per_s=_median_field([t.pcie_rx_bytes_per_s for t in telemetry]),
-                comm_bytes_per_step=figures.median([c[0] for c in comm.values()]) if comm else None,
-                comm_seconds_per_step=figures.median([c[1] for c in comm.values()]) if comm else None,
+                comm_bytes_per_step=figures.median([c[0] for c in comm]),
+                comm_seconds_per_step=figures.median([c[1] for c in comm]),
                 checkpoint_verified=None if verified is None else bool(verified),
                 checkpoint_detail=row["checkpoint_detail"],
                 first_loss=rank0[0].loss if rank0 else None,

@@ -1,0 +1,79 @@
+"""Hours-long runs: summaries that follow a live store read only what is new, and agree with a full read."""
+
+from __future__ import annotations
+
+import sqlite3
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from offloadlab.results.rundir import DB_NAME
+from offloadlab.results.store import RunStore
+from offloadlab.results.summary import SummaryCache, summarize
+
+REPO = Path(__file__).resolve().parents[1]
+H200_RUN = REPO / "bench/results/2026-12-03-h200-s10/run_a.tar.gz"  # four strategies, 124 steps, 51k samples
+
+
+@pytest.fixture(scope="module")
+def h200_store(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("h200")
+    with tarfile.open(H200_RUN) as tar:
+        tar.extractall(folder, filter="data")
+    return folder / "run_a"
+
+
+def _replay_until(source: sqlite3.Connection, target: sqlite3.Connection, t: float, done: set) -> None:
+    """Copy what the run had written by time t, as its processes wrote it: steps when they ended, samples
+    and events as they were taken, a strategy's status once it finished."""
+    for table, column in (("steps", "t_end"), ("samples", "t"), ("events", "t_start")):
+        rows = source.execute(f"SELECT rowid, * FROM {table} WHERE {column} <= ? ORDER BY rowid", (t,)).fetchall()
+        new = [r for r in rows if (table, r[0]) not in done]
+        done.update((table, r[0]) for r in new)
+        if new:
+            marks = ", ".join("?" * (len(new[0]) - 1))
+            target.executemany(f"INSERT INTO {table} VALUES ({marks})", [tuple(r)[1:] for r in new])
+    for row in source.execute("SELECT id, status, finished_at, started_at FROM strategies"):
+        started = row[3] is not None and row[3] <= t
+        status = row[1] if row[2] is not None and row[2] <= t else "running" if started else "pending"
+        target.execute("UPDATE strategies SET status = ?, started_at = ? WHERE id = ?", (status, row[3], row[0]))
+    target.commit()
+
+
+def test_a_followed_store_sums_up_as_a_full_read_at_every_moment(h200_store, tmp_path):
+    """Session 10's H200 store, replayed into a fresh one 30 s of its time at a time: after each slice the
+    summary kept up to date through one cache equals a summary read from scratch, and at the end the
+    original's. A step's samples arrive after the step: a cache that froze a step's figures too early, or
+    missed rows between reads, would differ."""
+    source = sqlite3.connect(h200_store / DB_NAME)
+    replay = tmp_path / "replay"
+    replay.mkdir()
+    RunStore(replay, create_schema=True).close()
+    target = sqlite3.connect(replay / DB_NAME)
+    for table in ("runs", "strategies"):
+        rows = source.execute(f"SELECT * FROM {table}").fetchall()
+        target.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+    target.execute("UPDATE strategies SET status = 'pending', finished_at = NULL")
+    start, end = source.execute("SELECT MIN(t), MAX(t) FROM samples").fetchone()
+    cache, done, slices = SummaryCache(), set(), 0
+    t = start
+    while t < end + 30:
+        t += 30
+        _replay_until(source, target, t, done)
+        store = RunStore(replay)
+        followed, fresh = summarize(store, cache), summarize(store)
+        store.close()
+        assert len(followed) == len(fresh) and all(_same(a, b, f"+{t - start:.0f} s") for a, b in zip(followed, fresh))
+        slices += 1
+    assert slices > 10
+    assert all(_same(a, b, "the end") for a, b in zip(followed, summarize(RunStore(h200_store))))
+
+
+def _same(a, b, when: str) -> bool:
+    """Equal figures; counters summed from another starting sample differ in the last bits only."""
+    for key, value in a.as_dict().items():
+        other = b.as_dict()[key]
+        close = value == pytest.approx(other, rel=1e-12) if isinstance(value, float) else value == other
+        assert close, f"{a.name} at {when}: {key} {value} != {other}"
+    return True
