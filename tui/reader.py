@@ -7,6 +7,7 @@ Nothing here writes.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import sqlite3
 import statistics
@@ -150,23 +151,53 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _strategy_view(store: RunStore, followed: FollowedStrategy, summary: StrategySummary) -> StrategyView:
+SAMPLED = {
+    "pcie_tx_bytes_per_s": "gpu%.pcie_tx(B/s)",
+    "pcie_rx_bytes_per_s": "gpu%.pcie_rx(B/s)",
+    "disk_read_bytes_per_s": "disk.read(B/s)",
+    "disk_write_bytes_per_s": "disk.write(B/s)",
+}
+
+
+class SampleWindow:
+    """The last WINDOW_S seconds of one sampled series of a running strategy, kept between polls: each
+    poll reads only the samples taken since the last."""
+
+    def __init__(self, pattern: str):
+        self.pattern = pattern
+        self.rows: list[tuple[float, str, float | None]] = []
+
+    def update(self, store: RunStore, strategy_id: int) -> list[float]:
+        after = self.rows[-1][0] if self.rows else store.newest_sample_t(strategy_id) - WINDOW_S
+        self.rows += store.samples(strategy_id, self.pattern, after_t=after)
+        if self.rows:
+            start = self.rows[-1][0] - WINDOW_S
+            self.rows = self.rows[bisect.bisect_right([r[0] for r in self.rows], start) :]
+        return [v for _, v in _summed_by_time(self.rows)]
+
+
+def _finished_series(store: RunStore, strategy_id: int, pattern: str, steady: list) -> Series:
+    """A finished strategy's samples up to its last step (the sampler outlives it a little); its figure
+    is their mean over the steady steps."""
+    if not steady:
+        return Series([], None)
+    first, last = steady[0].t_start, steady[-1].t_end
+    timed = [(t, v) for t, v in _summed_by_time(store.samples(strategy_id, pattern, after_t=first)) if t <= last]
+    return Series([v for t, v in timed if t > last - WINDOW_S], _mean([v for _, v in timed]))
+
+
+def _strategy_view(
+    store: RunStore, followed: FollowedStrategy, summary: StrategySummary, windows: dict[str, SampleWindow]
+) -> StrategyView:
     finished = summary.status.finished
     steps = followed.rank0
     steady = steady_state(steps)
     shown = steps[-WINDOW_STEPS:]
-    # A finished strategy's samples are shown up to its last step (the sampler outlives it a little), and
-    # their steady figure is the mean over its steady steps.
-    span = (steady[0].t_start, steady[-1].t_end) if finished and steady else None
 
-    def sampled(pattern: str) -> Series:
-        start = (span[1] if span else store.newest_sample_t(followed.strategy_id)) - WINDOW_S
-        after = min(start, span[0]) if span else start
-        timed = _summed_by_time(store.samples(followed.strategy_id, pattern, after_t=after))
-        if span:
-            timed = [(t, v) for t, v in timed if t <= span[1]]
-        values = [v for t, v in timed if t > start]
-        return Series.of(values, finished, _mean([v for t, v in timed if span and t >= span[0]]))
+    def sampled(field: str) -> Series:
+        if finished:
+            return _finished_series(store, followed.strategy_id, SAMPLED[field], steady)
+        return Series.of(windows[field].update(store, followed.strategy_id), False, None)
 
     allocated = [float(r.peak_allocated_bytes) for r in steps if r.peak_allocated_bytes is not None]
     return StrategyView(
@@ -174,10 +205,7 @@ def _strategy_view(store: RunStore, followed: FollowedStrategy, summary: Strateg
         step_time_s=Series.of([r.step_time_s for r in shown], finished, _mean([r.step_time_s for r in steady])),
         tokens_per_s=Series.of([r.tokens_per_s for r in shown], finished, summary.tokens_per_s),
         gpu_allocated_bytes=Series.of(allocated[-WINDOW_STEPS:], finished, summary.peak_allocated_bytes),
-        pcie_tx_bytes_per_s=sampled("gpu%.pcie_tx(B/s)"),
-        pcie_rx_bytes_per_s=sampled("gpu%.pcie_rx(B/s)"),
-        disk_read_bytes_per_s=sampled("disk.read(B/s)"),
-        disk_write_bytes_per_s=sampled("disk.write(B/s)"),
+        **{field: sampled(field) for field in SAMPLED},
         telemetry_notes=[row["detail"] for row in followed.events.get("telemetry_note", [])],
         eta_s=_eta(summary),
     )
@@ -191,6 +219,7 @@ class RunReader:
         self.run_dir = Path(run_dir)
         self._cache = SummaryCache()
         self._finished: dict[str, StrategyView] = {}
+        self._windows: dict[str, dict[str, SampleWindow]] = {}
 
     def read(self) -> RunView:
         return _read(self.run_dir, self._read)
@@ -205,7 +234,8 @@ class RunReader:
                 # Its own figures are final; practicality and the loss check can still change with others.
                 views.append(dataclasses.replace(kept, summary=summary))
                 continue
-            view = _strategy_view(store, self._cache.strategies[ids[summary.name]], summary)
+            windows = self._windows.setdefault(summary.name, {f: SampleWindow(p) for f, p in SAMPLED.items()})
+            view = _strategy_view(store, self._cache.strategies[ids[summary.name]], summary, windows)
             if summary.status.finished:
                 self._finished[summary.name] = view
             views.append(view)

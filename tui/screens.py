@@ -7,6 +7,7 @@ screens never touch an engine or a training process, only the stores they write.
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 from rich.text import Text
@@ -28,6 +29,7 @@ class PollingScreen(Screen):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._drawing = asyncio.Lock()
+        self._reading = threading.Lock()
 
     def on_mount(self) -> None:
         self.set_interval(self.app.poll_s, self._poll)
@@ -45,12 +47,19 @@ class PollingScreen(Screen):
     def refresh_data(self) -> None:
         self._load()
 
-    @work(thread=True, exclusive=True, group="read")
+    @work(thread=True, group="read")
     def _load(self) -> None:
+        # One read at a time: a thread cannot be cancelled, so on a slow store every poll used to start
+        # another full read beside the last (five at once on a 3-hour store), all racing for the GIL and,
+        # now, for the reader's cache. A poll that finds a read in flight leaves it to bring the news.
+        if not self._reading.acquire(blocking=False):
+            return
         try:
             result = self.read()
         except ReaderError as err:
             result = err
+        finally:
+            self._reading.release()
         self.app.call_from_thread(self._show, result)
 
     async def _show(self, result) -> None:
