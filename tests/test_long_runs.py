@@ -33,7 +33,10 @@ def _replay_until(source: sqlite3.Connection, target: sqlite3.Connection, t: flo
         done.update((table, r[0]) for r in new)
         if new:
             marks = ", ".join("?" * (len(new[0]) - 1))
-            target.executemany(f"INSERT INTO {table} VALUES ({marks})", [tuple(r)[1:] for r in new])
+            # An event's id is given as it is written, as the store does (the original ids follow the
+            # order the ranks committed, not the order of their start times).
+            values = [(None, *tuple(r)[2:]) if table == "events" else tuple(r)[1:] for r in new]
+            target.executemany(f"INSERT INTO {table} VALUES ({marks})", values)
     for row in source.execute("SELECT id, status, finished_at, started_at FROM strategies"):
         started = row[3] is not None and row[3] <= t
         status = row[1] if row[2] is not None and row[2] <= t else "running" if started else "pending"

@@ -115,6 +115,8 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
                 steady = f"{statistics.fmean(steps[1:]):.3f} s"
                 assert text_of(panel.query_one("#m-step .metric-value")) == steady
                 assert text_of(panel.query_one("#m-step .metric-range")) == f"{min(steps):.3f} s .. {max(steps):.3f} s"
+                phase, share = summary.bound_by  # the engines time forward, backward and optimizer
+                assert f"bound by {phase} {share:.0%}" in text_of(panel.query_one(".phases"))
                 assert f"step {summary.steps_done} of {summary.steps_planned}" in text_of(
                     panel.query_one(".panel-title")
                 )
@@ -327,6 +329,9 @@ def _fixed_run(root: Path) -> None:
                     6 << 20,
                 ),
             )
+            phases = ("forward", "backward", "optimizer")
+            marks = [start + duration * share for share in (0.0, 0.2, 0.5, 0.9)]  # and 10% outside the phases
+            store.add_events(sid, 0, [(step, k, a, b, None) for k, a, b in zip(phases, marks, marks[1:])])
         store.add_samples(
             sid,
             [

@@ -12,6 +12,7 @@ from textual.reactive import reactive
 from textual.widgets import DataTable, Label, Sparkline, Static
 
 from offloadlab.results.status import Status
+from offloadlab.results.steps import PHASES
 from offloadlab.results.store import TunePoint
 from offloadlab.results.summary import StrategySummary
 from offloadlab.results.tables import ago, fmt_or_dash, human_bytes, loss_deviation, stalls
@@ -59,6 +60,27 @@ class MetricSpark(Vertical):
         self.range.update(f"{fmt(min(series.values))} .. {fmt(max(series.values))}")
 
 
+PHASE_STYLES = {"forward": "blue", "backward": "magenta", "optimizer": "yellow", "other": "bright_black"}
+PHASE_BAR_WIDTH = 20
+PHASE_ABBREVIATIONS = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
+
+
+def phase_bar(s: StrategySummary) -> Text:
+    """Where a steady step goes, as one stacked bar: forward, backward, optimizer and the rest, then the
+    verdict ("bound by optimizer 84%") and the step's mean seconds in each; one line at 80 columns."""
+    if not s.phase_seconds or s.bound_by is None:
+        return Text("")
+    total = sum(s.phase_seconds.values())
+    bar = Text()
+    for name, seconds in s.phase_seconds.items():
+        bar.append("█" * round(PHASE_BAR_WIDTH * seconds / total), style=PHASE_STYLES[name])
+    name, share = s.bound_by
+    bar.append(f" bound by {name} {share:.0%} ", style="bold")
+    for phase in PHASES:  # "other" is the grey rest of the bar
+        bar.append(f" {PHASE_ABBREVIATIONS[phase]} {s.phase_seconds[phase]:.2g}", style=PHASE_STYLES[phase])
+    return bar.append(" s")
+
+
 class StrategyPanel(Vertical):
     """One strategy: status and progress, then its series as sparklines."""
 
@@ -78,10 +100,12 @@ class StrategyPanel(Vertical):
         super().__init__(**kwargs)
         self.strategy_name = strategy_name
         self.heading = Static(classes="panel-title")
+        self.phases = Static(classes="phases")
         self.metrics = {key: MetricSpark(title, id=f"m-{key}") for key, title in self.METRICS}
 
     def compose(self) -> ComposeResult:
         yield self.heading
+        yield self.phases
         with Grid(classes="metrics"):
             yield from self.metrics.values()
 
@@ -94,6 +118,8 @@ class StrategyPanel(Vertical):
         self.heading.update(title)
         self.set_class(s.status is Status.RUNNING, "-running")
         self.set_class(s.status in (Status.DOES_NOT_FIT, Status.FAILED), "-failed")
+        self.phases.update(phase_bar(s))
+        self.phases.display = s.phase_seconds is not None
         no_gpu = "no GPU" if view.gpu_absent else "no data yet"
 
         self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from dataclasses import asdict, dataclass
 
 from offloadlab.results import figures
 from offloadlab.results.status import DIED_REASON, Status
-from offloadlab.results.steps import FollowedStrategy
+from offloadlab.results.steps import PHASES, FollowedStrategy
 from offloadlab.results.store import RunStore, StoreError
 from offloadlab.spec import strategy_from_store
 
@@ -58,9 +59,22 @@ class StrategySummary:
     checkpoint_detail: str | None
     first_loss: float | None
     last_loss: float | None
+    phase_seconds: dict[str, float] | None = None
+    """Mean seconds of a steady step in each of steps.PHASES and "other" (the rest of the step: data,
+    hooks, waits outside the timed phases), rank 0; None without phase events."""
+
+    @property
+    def bound_by(self) -> tuple[str, float] | None:
+        """The phase that takes the largest share of the step, and that share."""
+        if not self.phase_seconds:
+            return None
+        total = sum(self.phase_seconds.values())
+        name = max(self.phase_seconds, key=self.phase_seconds.get)
+        return (name, self.phase_seconds[name] / total) if total > 0 else None
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        bound = self.bound_by
+        return {**asdict(self), "bound_by": None if bound is None else {"phase": bound[0], "share": bound[1]}}
 
 
 def _max_or_none(values: list[int | None]) -> int | None:
@@ -83,6 +97,15 @@ class SummaryCache:
         followed = self.strategies.setdefault(strategy_id, FollowedStrategy(strategy_id))
         followed.update(store, finished)
         return followed
+
+
+def _phase_seconds(followed: FollowedStrategy, steady: list) -> dict[str, float] | None:
+    timed = [(r, followed.phases[r.step]) for r in steady if r.step in followed.phases]
+    if not timed:
+        return None
+    out = {name: statistics.fmean([spent.get(name, 0.0) for _, spent in timed]) for name in PHASES}
+    out["other"] = max(0.0, statistics.fmean([r.step_time_s - sum(spent.values()) for r, spent in timed]))
+    return out
 
 
 def _model_facts(followed: FollowedStrategy) -> figures.ModelFacts | None:
@@ -151,6 +174,7 @@ def summarize(store: RunStore, cache: SummaryCache | None = None) -> list[Strate
                 checkpoint_detail=row["checkpoint_detail"],
                 first_loss=rank0[0].loss if rank0 else None,
                 last_loss=rank0[-1].loss if rank0 else None,
+                phase_seconds=_phase_seconds(followed, steady),
             )
         )
         offloads[row["name"]] = strategy.offloads if strategy else None

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from offloadlab.results.status import Status
+from offloadlab.results.steps import PHASES
 from offloadlab.results.summary import StrategySummary
 
 
@@ -53,6 +54,22 @@ def loss_deviation(s: StrategySummary) -> Text:
     return Text(f"{s.last_loss_deviation:+.2%}", style="" if s.exact else "yellow")
 
 
+def bound_by(s: StrategySummary) -> str:
+    """Where the step goes: "optimizer 84%"."""
+    if s.bound_by is None:
+        return "-"
+    name, share = s.bound_by
+    return f"{name} {share:.0%}"
+
+
+def phase_shares(s: StrategySummary) -> str:
+    """Forward, backward and optimizer as shares of the step ("other" is the rest): "8/8/84"."""
+    if not s.phase_seconds:
+        return "-"
+    total = sum(s.phase_seconds.values()) or 1.0
+    return "/".join(f"{100 * s.phase_seconds[p] / total:.0f}" for p in PHASES)
+
+
 @dataclass(frozen=True)
 class Column:
     header: str
@@ -88,6 +105,7 @@ COLUMNS = (
         0,
     ),
     Column("MFU\nΔ loss", lambda s: _two(fmt_or_dash(s.mfu_percent, "{:.1f}%"), loss_deviation(s)), 120),
+    Column("bound by\nfwd/bwd/opt %", lambda s: _two(bound_by(s), phase_shares(s)), 120),
     Column(
         "GPU peak\nhost RSS",
         lambda s: _two(human_bytes(s.peak_allocated_bytes), human_bytes(s.host_rss_peak_bytes)),
@@ -136,8 +154,9 @@ def compare_table(
     run_dir: Path, summaries: list[StrategySummary], width: int = 200, state: str | None = None
 ) -> Table:
     """The strategies side by side, with the columns a terminal `width` wide has room for: the step, the
-    throughput and memory always; stalls, MFU, loss and NVMe from 120; GPU idle, reserved, PCIe, comm and
-    SSD wear from 160. `state`, said in the title: a run that has not finished, and its last update."""
+    throughput and memory always; stalls, MFU, loss, where the step goes and NVMe from 120; GPU idle,
+    reserved, PCIe, comm and SSD wear from 160. `state`, said in the title: a run that has not finished,
+    and its last update."""
     # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
     columns = [c for c in COLUMNS if width >= c.width]
     narrow = width < 120
