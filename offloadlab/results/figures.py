@@ -53,6 +53,10 @@ class ModelFacts:
     world_size: int
     pinned_swap_bytes: int = 0
     """Rank 0's page-locked NVMe swap buffers (DeepSpeed's parameter and optimizer swappers)."""
+    gpu_memory_bytes: int | None = None
+    """Rank 0's GPU's memory (None on the CPU), what its peaks are held against."""
+    host_memory_bytes: int | None = None
+    """The host's RAM, what the process tree's RSS is held against."""
 
     @property
     def flops_per_token(self) -> float:

@@ -41,6 +41,10 @@ class StrategySummary:
     peak_reserved_bytes: int | None
     host_rss_peak_bytes: int | None
     pinned_swap_bytes: int | None
+    gpu_memory_bytes: int | None
+    """The GPU's memory, what the peaks are held against; None on the CPU or before the engine was built."""
+    host_memory_bytes: int | None
+    """The host's RAM, what the RSS peak is held against."""
     """Page-locked RAM of NVMe swap buffers (`offloadlab tune --spec` sizes them); None if no engine was built."""
     disk_read_bytes_per_step: float | None
     """Block-layer bytes the strategy's own processes read per step, all ranks (/proc/PID/io)."""
@@ -161,6 +165,8 @@ def summarize(store: RunStore, cache: SummaryCache | None = None) -> list[Strate
                 peak_reserved_bytes=_max_or_none([r.peak_reserved_bytes for r in all_ranks]),
                 host_rss_peak_bytes=_max_or_none([r.host_rss_peak_bytes for r in all_ranks]),
                 pinned_swap_bytes=facts.pinned_swap_bytes if facts else None,
+                gpu_memory_bytes=facts.gpu_memory_bytes if facts else None,
+                host_memory_bytes=facts.host_memory_bytes if facts else None,
                 disk_read_bytes_per_step=figures.median([r.disk_read_bytes for r in steady_all_ranks]),
                 disk_write_bytes_per_step=figures.median([r.disk_write_bytes for r in steady_all_ranks]),
                 device_read_bytes_per_step=_median_field([t.device_read_bytes for t in telemetry]),

@@ -54,6 +54,11 @@ def loss_deviation(s: StrategySummary) -> Text:
     return Text(f"{s.last_loss_deviation:+.2%}", style="" if s.exact else "yellow")
 
 
+def share(used: float | None, capacity: float | None) -> str:
+    """Use against capacity, as a percentage ("-" when either is unknown)."""
+    return "-" if not used or not capacity else f"{used / capacity:.0%}"
+
+
 def bound_by(s: StrategySummary) -> str:
     """Where the step goes: "optimizer 84%"."""
     if s.bound_by is None:
@@ -75,7 +80,7 @@ class Column:
     header: str
     cell: Callable[[StrategySummary], Text | str]
     width: int
-    """The terminal width from which the column is shown: 0 always, 120 and 160 for the wider layouts."""
+    """The terminal width from which the column is shown: 0 always, 120, 160 and 200 for the wider layouts."""
     text: bool = False
 
 
@@ -111,7 +116,14 @@ COLUMNS = (
         lambda s: _two(human_bytes(s.peak_allocated_bytes), human_bytes(s.host_rss_peak_bytes)),
         0,
     ),
-    Column("GPU\nreserved", lambda s: human_bytes(s.peak_reserved_bytes), 160),
+    Column(
+        "GPU resv\nof GPU/RAM",
+        lambda s: _two(
+            human_bytes(s.peak_reserved_bytes),
+            f"{share(s.peak_reserved_bytes, s.gpu_memory_bytes)}/{share(s.host_rss_peak_bytes, s.host_memory_bytes)}",
+        ),
+        160,
+    ),
     Column(
         "NVMe/step\nread / write",
         lambda s: _two(human_bytes(s.disk_read_bytes_per_step), human_bytes(s.disk_write_bytes_per_step)),
@@ -132,12 +144,12 @@ COLUMNS = (
     Column(
         "comm/step\nbytes / s",
         lambda s: _two(human_bytes(s.comm_bytes_per_step), fmt_or_dash(s.comm_seconds_per_step, "{:.3f}")),
-        160,
+        200,
     ),
     Column(
-        "SSD writes\nper 10k steps",
+        "SSD writes\n/10k steps",
         lambda s: human_bytes(None if s.disk_write_bytes_per_step is None else 1e4 * s.disk_write_bytes_per_step),
-        160,
+        200,
     ),
     Column(
         "checkpoint",
@@ -155,8 +167,8 @@ def compare_table(
 ) -> Table:
     """The strategies side by side, with the columns a terminal `width` wide has room for: the step, the
     throughput and memory always; stalls, MFU, loss, where the step goes and NVMe from 120; GPU idle,
-    reserved, PCIe, comm and SSD wear from 160. `state`, said in the title: a run that has not finished,
-    and its last update."""
+    reserved, memory against the GPU's and the host's and PCIe from 160; comm and SSD wear from 200.
+    `state`, said in the title: a run that has not finished, and its last update."""
     # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
     columns = [c for c in COLUMNS if width >= c.width]
     narrow = width < 120
@@ -164,7 +176,7 @@ def compare_table(
         title=Text(f"offloadlab compare {run_dir}" + (f" ({state})" if state else "")),
         header_style="bold",
         box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD,
-        padding=(0, 1) if not narrow else (0, 0, 0, 1),
+        padding=(0, 0, 0, 1),
     )
     for c in columns:
         table.add_column(
@@ -172,7 +184,8 @@ def compare_table(
             justify="left" if c.text else "right",
             no_wrap=c.header != "status",
             overflow="fold",
-            min_width=len("status") if c.header == "status" else None,
+            # The status holds a failure's reason: wide layouts keep it readable, not folded a word a line.
+            min_width=(len("status") if narrow else 12) if c.header == "status" else None,
         )
     for s in summaries:
         table.add_row(*(c.cell(s) for c in columns))

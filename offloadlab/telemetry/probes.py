@@ -59,3 +59,8 @@ def process_io_bytes() -> tuple[int, int]:
 
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def device_memory_total(device: torch.device) -> int | None:
+    """The GPU's memory in bytes; None on the CPU."""
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None

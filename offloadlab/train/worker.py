@@ -24,13 +24,15 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+import psutil
+
 from offloadlab.engines import DistContext, Engine, build_engine, engine_class
 from offloadlab.results.figures import MODEL_FACTS_EVENT, ModelFacts
 from offloadlab.results.rundir import RunDir
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore
 from offloadlab.spec import RunSpec, parse_spec
-from offloadlab.telemetry.probes import device_name
+from offloadlab.telemetry.probes import device_memory_total, device_name
 from offloadlab.telemetry.sampler import SamplerProcess
 from offloadlab.train.checkpoint import restore_and_check
 from offloadlab.train.comm_meter import CommMeter
@@ -80,6 +82,8 @@ def record_model_facts(store: RunStore, strategy_id: int, spec: RunSpec, engine)
         device_name(engine.ctx.device),
         engine.ctx.world_size,
         engine.pinned_swap_bytes(),
+        device_memory_total(engine.ctx.device),
+        psutil.virtual_memory().total,
     )
     now = time.time()
     store.add_events(strategy_id, 0, [(None, MODEL_FACTS_EVENT, now, now, json.dumps(asdict(facts)))])
