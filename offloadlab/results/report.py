@@ -1,19 +1,31 @@
-"""`offloadlab report RUN_DIR`: one self-contained HTML page (inline SVG, no scripts, no network) with the
-comparison table and, per metric, each strategy's series side by side on a shared y scale."""
+"""`offloadlab report RUN_DIR`: one self-contained HTML page (matplotlib's SVG inline, no scripts, no network)
+with compare's table, where each strategy's step goes, its loss and step times, and per metric its samples
+against the machine's capacity, each strategy on its own scale."""
 
 from __future__ import annotations
 
 import html
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from offloadlab.results.status import Status
+import numpy as np
+from matplotlib.figure import Figure
+
+from offloadlab.results.figures import STALL_FACTOR
 from offloadlab.results.store import RunStore
 from offloadlab.results.summary import StrategySummary, summarize
-from offloadlab.results.tables import fmt_or_dash, human_bytes
+from offloadlab.results.tables import COLUMNS
 
-WIDTH, HEIGHT, PAD = 320, 170, 36
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+PHASE_COLORS = {"forward": "#1f77b4", "backward": "#9467bd", "optimizer": "#ff7f0e", "other": "#bbbbbb"}
+MAX_POINTS = 600
+"""A line is drawn from at most this many time bins, each the mean of its samples (a 3-hour run has 100k)."""
+GAP_PERIODS = 3
+"""A bin is at least this many sampling periods wide, so an empty bin is a real gap in the samples (drawn
+as a break in the line), not a bin that fell between two samples."""
+STEP_MARKS = 60
+"""Step boundaries are marked on the time axes of runs with at most this many steps."""
 
 
 @dataclass(frozen=True)
@@ -22,109 +34,180 @@ class Panel:
     unit: str
     scale: float
     """Divide values by this for display (1e9 for GB/s)."""
-    metrics: tuple[str, ...]
-    """Sample metric LIKE patterns, or 'step_time' for the steps table."""
+    metrics: tuple[tuple[str, str], ...]
+    """(sample metric LIKE pattern, legend label): one line each, and one per GPU of a gpu% pattern."""
+    capacity: str | None = None
+    """The StrategySummary field of the capacity drawn as a dashed line."""
 
 
 PANELS = (
-    Panel("step time", "s", 1.0, ("step_time",)),
-    Panel("GPU memory used", "GiB", 2**30, ("gpu%.mem_used(B)",)),
-    Panel("PCIe (tx, rx)", "GB/s", 1e9, ("gpu%.pcie_tx(B/s)", "gpu%.pcie_rx(B/s)")),
-    Panel("NVMe device (read, write)", "GB/s", 1e9, ("disk.read(B/s)", "disk.write(B/s)")),
-    Panel("host RSS, process tree", "GiB", 2**30, ("host.rss_tree(B)",)),
-    Panel("GPU utilization", "%", 1.0, ("gpu%.util(%)",)),
+    Panel(
+        "GPU memory used (NVML: the allocator's reserve, CUDA context and NCCL buffers; the table's peaks are the "
+        "allocator's)",
+        "GiB",
+        2**30,
+        (("gpu%.mem_used(B)", "used"),),
+        "gpu_memory_bytes",
+    ),
+    Panel("PCIe", "GB/s", 1e9, (("gpu%.pcie_rx(B/s)", "to GPU"), ("gpu%.pcie_tx(B/s)", "to host"))),
+    Panel("NVMe device", "GB/s", 1e9, (("disk.read(B/s)", "read"), ("disk.write(B/s)", "write"))),
+    Panel("host RSS, process tree", "GiB", 2**30, (("host.rss_tree(B)", "RSS"),), "host_memory_bytes"),
+    Panel("host CPU", "%", 1.0, (("host.cpu(%)", "all cores"),)),
+    Panel("GPU utilization", "%", 1.0, (("gpu%.util(%)", "util"),)),
 )
 
 
-def _series(store: RunStore, strategy_id: int, panel: Panel) -> list[list[tuple[float, float]]]:
-    if panel.metrics == ("step_time",):
-        steps = store.steps(strategy_id)
-        return [[(r.step, r.step_time_s) for r in steps]] if steps else []
-    out = []
-    for pattern in panel.metrics:
-        rows = [(t, v / panel.scale) for t, _, v in store.samples(strategy_id, pattern) if v is not None]
-        if rows:
-            t0 = rows[0][0]
-            out.append([(t - t0, v) for t, v in rows])
-    return out
+def binned(times: np.ndarray, values: np.ndarray, start: float, end: float) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of the values in each of at most MAX_POINTS equal time bins over [start, end]; NaN where a bin
+    is empty, which the line draws as a break."""
+    if len(times) < 2:
+        return times, values
+    period = float(np.median(np.diff(times))) or 1e-3
+    bins = int(max(1, min(MAX_POINTS, (end - start) / (GAP_PERIODS * period))))
+    edges = np.linspace(start, end, bins + 1)
+    index = np.clip(np.searchsorted(edges, times, side="right") - 1, 0, bins - 1)
+    counts = np.bincount(index, minlength=bins)
+    sums = np.bincount(index, weights=values, minlength=bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (edges[:-1] + edges[1:]) / 2, np.where(counts > 0, sums / counts, np.nan)
 
 
-def svg_chart(lines: list[list[tuple[float, float]]], y_max: float, x_label: str, unit: str) -> str:
-    if not lines:
-        return (
-            f'<svg width="{WIDTH}" height="{HEIGHT}"><text x="{WIDTH // 2}" y="{HEIGHT // 2}" '
-            'text-anchor="middle" fill="#888">no data</text></svg>'
-        )
-    x_max = max(x for line in lines for x, _ in line) or 1.0
-    y_max = y_max or 1.0
-    sx = lambda x: PAD + (WIDTH - PAD - 8) * x / x_max  # noqa: E731 - local scale
-    sy = lambda y: HEIGHT - PAD + 12 - (HEIGHT - PAD - 4) * y / y_max  # noqa: E731
-    parts = [
-        f'<svg width="{WIDTH}" height="{HEIGHT}" font-size="10" font-family="sans-serif">',
-        f'<line x1="{PAD}" y1="{sy(0)}" x2="{WIDTH - 8}" y2="{sy(0)}" stroke="#999"/>',
-        f'<line x1="{PAD}" y1="{sy(0)}" x2="{PAD}" y2="{sy(y_max)}" stroke="#999"/>',
-        f'<text x="2" y="{sy(y_max) + 4}">{y_max:.3g}</text><text x="2" y="{sy(0)}">0</text>',
-        f'<text x="{WIDTH - 8}" y="{HEIGHT - 4}" text-anchor="end">{x_label} (max {x_max:.3g}) · {unit}</text>',
-    ]
-    for color, line in zip(COLORS, lines):
-        points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line)
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{points}"/>')
-    parts.append("</svg>")
-    return "".join(parts)
+def _svg(fig: Figure) -> str:
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg")
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]
+
+
+def _figure(rows: int, height: float = 1.7) -> tuple[Figure, list]:
+    """Fixed margins in inches (a layout engine measured every label of every axes twice: most of a long
+    run's report time)."""
+    total = 0.75 + height * rows
+    fig = Figure(figsize=(9.5, total))
+    fig.subplots_adjust(left=0.07, right=0.98, top=1 - 0.3 / total, bottom=0.45 / total, hspace=0.55 / height)
+    return fig, list(fig.subplots(rows, 1, squeeze=False)[:, 0])
+
+
+def _per_gpu(store: RunStore, strategy_id: int, pattern: str) -> dict[str, list[tuple[float, float]]]:
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for t, metric, value in store.samples(strategy_id, pattern):
+        if value is not None:
+            lines.setdefault(metric.split(".")[0], []).append((t, value))
+    return lines
+
+
+def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dict) -> str:
+    """One row per strategy, each on its own y scale (one shared scale flattened the CPU strategies under
+    NVMe's), x in seconds from the strategy's first step; startup is left of zero, steps are marked."""
+    fig, axes = _figure(len(strategies))
+    for ax, row in zip(axes, strategies):
+        steps = store.steps(row["id"])
+        ax.set_title(row["name"], loc="left", fontsize=9)
+        ax.set_ylabel(panel.unit, fontsize=8)
+        ax.tick_params(labelsize=7)
+        drawn = False
+        t0 = steps[0].t_start if steps else None
+        for (pattern, label), color in zip(panel.metrics, COLORS):
+            gpus = _per_gpu(store, row["id"], pattern)
+            for gpu, points in gpus.items():
+                times, values = np.array(points).T
+                origin = t0 if t0 is not None else times[0]
+                x, y = binned(times - origin, values / panel.scale, times[0] - origin, times[-1] - origin)
+                name = label if len(gpus) == 1 or not pattern.startswith("gpu") else f"{label}, {gpu}"
+                style = "-" if gpu in ("gpu0", "disk", "host") else ":"
+                ax.plot(x, y, style, color=color, linewidth=1.2, label=name)
+                drawn = True
+        capacity = getattr(summaries.get(row["name"]), panel.capacity or "", None)
+        if drawn and capacity:
+            ax.axhline(capacity / panel.scale, color="black", linestyle="--", linewidth=0.8, label="capacity")
+        if drawn and steps and len(steps) <= STEP_MARKS:
+            for r in steps:
+                ax.axvline(r.t_start - t0, color="#dddddd", linewidth=0.5, zorder=0)
+        if drawn:
+            ax.legend(fontsize=7, loc="upper right")
+            ax.set_ylim(bottom=0)
+        else:
+            ax.text(0.5, 0.5, "no samples", transform=ax.transAxes, ha="center", color="#888888")
+    axes[-1].set_xlabel("seconds from the first step (startup is left of 0; grey lines: step starts)", fontsize=8)
+    return _svg(fig)
+
+
+def step_time_chart(store: RunStore, strategies: list, summaries: dict) -> str:
+    """Each strategy's step times on its own scale, with its median and the stall line (3x the median)."""
+    fig, axes = _figure(len(strategies), 1.4)
+    for ax, row in zip(axes, strategies):
+        steps = store.steps(row["id"])
+        ax.set_title(row["name"], loc="left", fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.set_ylabel("s", fontsize=8)
+        if not steps:
+            ax.text(0.5, 0.5, "no steps", transform=ax.transAxes, ha="center", color="#888888")
+            continue
+        ax.plot([r.step for r in steps], [r.step_time_s for r in steps], ".-", color=COLORS[0], linewidth=1,
+                markersize=2, label="step time")  # fmt: skip
+        median = summaries[row["name"]].median_step_time_s
+        if median:
+            ax.axhline(median, color="#2ca02c", linewidth=0.8, label=f"median {median:.3g} s")
+            ax.axhline(STALL_FACTOR * median, color="#d62728", linestyle="--", linewidth=0.8, label="stall line")
+        ax.legend(fontsize=7, loc="upper right")
+        ax.set_ylim(bottom=0)
+    axes[-1].set_xlabel("step", fontsize=8)
+    return _svg(fig)
 
 
 def loss_chart(store: RunStore, strategies: list) -> str:
     """Every strategy's loss per step on one chart, with a legend: an inexact strategy (ZenFlow) against
     the exact ones at every step."""
-    lines = {row["name"]: [(r.step, r.loss) for r in store.steps(row["id"])] for row in strategies}
-    lines = {name: line for name, line in lines.items() if line}
-    values = [y for line in lines.values() for _, y in line]
-    if not values:
-        return svg_chart([], 0.0, "step", "loss")
-    low = min(values)
-    shifted = [[(x, y - low) for x, y in line] for line in lines.values()]
-    chart = svg_chart(shifted, (max(values) - low) * 1.05, "step", f"loss - {low:.4g}")
-    legend = "".join(
-        f'<span style="color:{color}">&#9644; {html.escape(name)}</span> ' for color, name in zip(COLORS, lines)
-    )
-    return f"<figure>{chart}<figcaption>{legend}</figcaption></figure>"
+    fig, (ax,) = _figure(1, 2.6)
+    drawn = False
+    for row, color in zip(strategies, COLORS):
+        steps = store.steps(row["id"])
+        if steps:
+            ax.plot([r.step for r in steps], [r.loss for r in steps], color=color, linewidth=1.2, label=row["name"])
+            drawn = True
+    if drawn:
+        ax.legend(fontsize=7)
+    ax.set_xlabel("step", fontsize=8)
+    ax.set_ylabel("loss", fontsize=8)
+    ax.tick_params(labelsize=7)
+    return _svg(fig)
 
 
-def _summary_rows(summaries: list[StrategySummary]) -> str:
-    def cell(v):
-        return f"<td>{html.escape(str(v))}</td>"
+def phase_chart(summaries: list[StrategySummary]) -> str:
+    """Where each strategy's steady step goes: forward, backward, optimizer and the rest, stacked."""
+    timed = [s for s in summaries if s.phase_seconds]
+    if not timed:
+        return "<p>no phase timings recorded</p>"
+    fig, (ax,) = _figure(1, 0.35 * len(timed) + 0.6)
+    names = [s.name for s in timed]
+    left = np.zeros(len(timed))
+    for phase, color in PHASE_COLORS.items():
+        seconds = np.array([s.phase_seconds[phase] for s in timed])
+        ax.barh(names, seconds, left=left, color=color, label=phase)
+        left += seconds
+    for y, s in enumerate(timed):
+        phase, share = s.bound_by
+        ax.text(left[y], y, f"  {phase} {share:.0%}", va="center", fontsize=7)
+    fig.subplots_adjust(left=0.2)  # the strategies' names
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per steady step (mean)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.set_xlim(right=left.max() * 1.25)
+    ax.legend(fontsize=7, ncols=4, loc="lower right")
+    return _svg(fig)
 
-    rows = []
-    for s in summaries:
-        ckpt = {True: "verified", False: "FAILED", None: "-"}[s.checkpoint_verified]
-        status = s.status.label + (f": {s.reason}" if s.reason and s.status is not Status.DONE else "")
-        rows.append(
-            "<tr>"
-            + "".join(
-                cell(v)
-                for v in (
-                    s.name,
-                    s.engine,
-                    status,
-                    fmt_or_dash(s.median_step_time_s, "{:.3f}"),
-                    fmt_or_dash(s.p90_step_time_s, "{:.3f}"),
-                    fmt_or_dash(s.max_step_time_s, "{:.2f}"),
-                    fmt_or_dash(s.stalls, "{}"),
-                    fmt_or_dash(s.tokens_per_s, "{:,.0f}"),
-                    fmt_or_dash(s.practicality, "{:.0%}"),
-                    fmt_or_dash(s.mfu_percent, "{:.1f}%"),
-                    fmt_or_dash(s.last_loss_deviation, "{:+.2%}") + ("" if s.exact in (True, None) else " (inexact)"),
-                    human_bytes(s.peak_allocated_bytes),
-                    human_bytes(s.host_rss_peak_bytes),
-                    human_bytes(s.disk_read_bytes_per_step),
-                    human_bytes(s.disk_write_bytes_per_step),
-                    "-" if s.gpu_idle_share is None else f"{100 * s.gpu_idle_share:.0f}%",
-                    ckpt,
-                )
-            )
-            + "</tr>"
-        )
-    return "\n".join(rows)
+
+def _summary_table(summaries: list[StrategySummary]) -> str:
+    """compare's table, every column (the widest layout), each cell's lines as in the terminal."""
+    columns = COLUMNS
+
+    def cell(text) -> str:
+        plain = text.plain if hasattr(text, "plain") else str(text)
+        return "<br>".join(html.escape(line) for line in plain.splitlines())
+
+    head = "".join(f"<th>{cell(c.header)}</th>" for c in columns)
+    rows = "".join("<tr>" + "".join(f"<td>{cell(c.cell(s))}</td>" for c in columns) + "</tr>" for s in summaries)
+    return f"<table><tr>{head}</tr>{rows}</table>"
 
 
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
@@ -132,35 +215,24 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     run = store.run()
     strategies = store.strategies(run["id"])
     summaries = summarize(store)
-    sections = []
-    for panel in PANELS:
-        per_strategy = {row["name"]: _series(store, row["id"], panel) for row in strategies}
-        values = [y for lines in per_strategy.values() for line in lines for _, y in line]
-        y_max = max(values) * 1.05 if values else 0.0
-        x_label = "step" if panel.metrics == ("step_time",) else "seconds"
-        charts = "".join(
-            f"<figure><figcaption>{html.escape(name)}</figcaption>"
-            f"{svg_chart(lines, y_max, x_label, panel.unit)}</figure>"
-            for name, lines in per_strategy.items()
-        )
-        sections.append(f"<h2>{html.escape(panel.title)}</h2><div class='row'>{charts}</div>")
+    by_name = {s.name: s for s in summaries}
+    sections = [
+        f"<h2>{html.escape(panel.title)}</h2>{metric_chart(store, panel, strategies, by_name)}" for panel in PANELS
+    ]
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>offloadlab report: {html.escape(run['name'])}</title>
-<style>body{{font-family:sans-serif;margin:24px}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
-td:first-child,td:nth-child(2),td:nth-child(3){{text-align:left}}.row{{display:flex;flex-wrap:wrap;gap:12px}}
-figure{{margin:0}} figcaption{{font-size:12px;font-weight:bold}}</style></head><body>
+<style>body{{font-family:sans-serif;margin:24px;max-width:1100px}}table{{border-collapse:collapse;font-size:12px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;vertical-align:top}}
+td:first-child,td:nth-child(2){{text-align:left}} svg{{max-width:100%;height:auto}}</style></head><body>
 <h1>offloadlab report: {html.escape(run['name'])}</h1><p>run directory {html.escape(str(run_dir))},
 status {html.escape(store.run_status())}.
 Step figures leave out the first step; tokens/s is tokens over the time of all the other steps;
-practicality is tokens/s over the fastest strategy's here that offloads nothing;
-the first line of two-line panels is tx/read, the second rx/write.</p>
-<table><tr><th>strategy</th><th>engine</th><th>status</th><th>step p50 (s)</th><th>p90</th><th>max</th>
-<th>stalls (&gt; 3x p50)</th><th>tokens/s</th><th>practicality</th><th>MFU</th><th>last loss vs exact</th>
-<th>GPU peak alloc</th>
-<th>host RSS peak</th><th>NVMe read/step</th><th>NVMe write/step</th><th>GPU idle</th><th>checkpoint</th></tr>
-{_summary_rows(summaries)}</table>
+practicality is tokens/s over the fastest strategy's here that offloads nothing; a stall is a step over
+{STALL_FACTOR:g}x the median. Each cell's second line is the header's second line.</p>
+{_summary_table(summaries)}
+<h2>where the step goes</h2>{phase_chart(summaries)}
 <h2>loss per step</h2>{loss_chart(store, strategies)}
+<h2>step time</h2>{step_time_chart(store, strategies, by_name)}
 {''.join(sections)}
 </body></html>"""
     out = out or run_dir / "report.html"
