@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from offloadlab.results.figures import STALL_FACTOR
 from offloadlab.results.store import RunStore
-from offloadlab.results.summary import StrategySummary, summarize
+from offloadlab.results.summary import StrategySummary, SummaryCache, summarize
 from offloadlab.results.tables import COLUMNS
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -57,21 +57,6 @@ PANELS = (
 )
 
 
-def binned(times: np.ndarray, values: np.ndarray, start: float, end: float) -> tuple[np.ndarray, np.ndarray]:
-    """Mean of the values in each of at most MAX_POINTS equal time bins over [start, end]; NaN where a bin
-    is empty, which the line draws as a break."""
-    if len(times) < 2:
-        return times, values
-    period = float(np.median(np.diff(times))) or 1e-3
-    bins = int(max(1, min(MAX_POINTS, (end - start) / (GAP_PERIODS * period))))
-    edges = np.linspace(start, end, bins + 1)
-    index = np.clip(np.searchsorted(edges, times, side="right") - 1, 0, bins - 1)
-    counts = np.bincount(index, minlength=bins)
-    sums = np.bincount(index, weights=values, minlength=bins)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (edges[:-1] + edges[1:]) / 2, np.where(counts > 0, sums / counts, np.nan)
-
-
 def _svg(fig: Figure) -> str:
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg")
@@ -88,34 +73,26 @@ def _figure(rows: int, height: float = 1.7) -> tuple[Figure, list]:
     return fig, list(fig.subplots(rows, 1, squeeze=False)[:, 0])
 
 
-def _per_gpu(store: RunStore, strategy_id: int, pattern: str) -> dict[str, list[tuple[float, float]]]:
-    lines: dict[str, list[tuple[float, float]]] = {}
-    for t, metric, value in store.samples(strategy_id, pattern):
-        if value is not None:
-            lines.setdefault(metric.split(".")[0], []).append((t, value))
-    return lines
-
-
-def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dict) -> str:
+def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dict, steps_of: dict) -> str:
     """One row per strategy, each on its own y scale (one shared scale flattened the CPU strategies under
     NVMe's), x in seconds from the strategy's first step; startup is left of zero, steps are marked."""
     fig, axes = _figure(len(strategies))
     for ax, row in zip(axes, strategies):
-        steps = store.steps(row["id"])
+        steps = steps_of[row["id"]]
         ax.set_title(row["name"], loc="left", fontsize=9)
         ax.set_ylabel(panel.unit, fontsize=8)
         ax.tick_params(labelsize=7)
         drawn = False
         t0 = steps[0].t_start if steps else None
         for (pattern, label), color in zip(panel.metrics, COLORS):
-            gpus = _per_gpu(store, row["id"], pattern)
-            for gpu, points in gpus.items():
-                times, values = np.array(points).T
-                origin = t0 if t0 is not None else times[0]
-                x, y = binned(times - origin, values / panel.scale, times[0] - origin, times[-1] - origin)
-                name = label if len(gpus) == 1 or not pattern.startswith("gpu") else f"{label}, {gpu}"
-                style = "-" if gpu in ("gpu0", "disk", "host") else ":"
-                ax.plot(x, y, style, color=color, linewidth=1.2, label=name)
+            lines = store.binned_samples(row["id"], pattern, MAX_POINTS, GAP_PERIODS)
+            for metric, points in lines.items():
+                origin = t0 if t0 is not None else points[0][0]
+                x = np.array([t - origin for t, _ in points])
+                y = np.array([np.nan if v is None else v / panel.scale for _, v in points])  # NaN: a break
+                gpu = metric.split(".")[0]
+                name = f"{label}, {gpu}" if len(lines) > 1 else label  # one line per GPU
+                ax.plot(x, y, "-" if gpu in ("gpu0", "disk", "host") else ":", color=color, linewidth=1.2, label=name)
                 drawn = True
         capacity = getattr(summaries.get(row["name"]), panel.capacity or "", None)
         if drawn and capacity:
@@ -132,18 +109,19 @@ def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dic
     return _svg(fig)
 
 
-def step_time_chart(store: RunStore, strategies: list, summaries: dict) -> str:
+def step_time_chart(strategies: list, summaries: dict, steps_of: dict) -> str:
     """Each strategy's step times on its own scale, with its median and the stall line (3x the median)."""
     fig, axes = _figure(len(strategies), 1.4)
     for ax, row in zip(axes, strategies):
-        steps = store.steps(row["id"])
+        steps = steps_of[row["id"]]
         ax.set_title(row["name"], loc="left", fontsize=9)
         ax.tick_params(labelsize=7)
         ax.set_ylabel("s", fontsize=8)
         if not steps:
             ax.text(0.5, 0.5, "no steps", transform=ax.transAxes, ha="center", color="#888888")
             continue
-        ax.plot([r.step for r in steps], [r.step_time_s for r in steps], ".-", color=COLORS[0], linewidth=1,
+        marker = "." if len(steps) <= STEP_MARKS else ""  # thousands of dots are one smear
+        ax.plot([r.step for r in steps], [r.step_time_s for r in steps], marker + "-", color=COLORS[0], linewidth=1,
                 markersize=2, label="step time")  # fmt: skip
         median = summaries[row["name"]].median_step_time_s
         if median:
@@ -155,13 +133,13 @@ def step_time_chart(store: RunStore, strategies: list, summaries: dict) -> str:
     return _svg(fig)
 
 
-def loss_chart(store: RunStore, strategies: list) -> str:
+def loss_chart(strategies: list, steps_of: dict) -> str:
     """Every strategy's loss per step on one chart, with a legend: an inexact strategy (ZenFlow) against
     the exact ones at every step."""
     fig, (ax,) = _figure(1, 2.6)
     drawn = False
     for row, color in zip(strategies, COLORS):
-        steps = store.steps(row["id"])
+        steps = steps_of[row["id"]]
         if steps:
             ax.plot([r.step for r in steps], [r.loss for r in steps], color=color, linewidth=1.2, label=row["name"])
             drawn = True
@@ -214,10 +192,13 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     store = RunStore(run_dir)
     run = store.run()
     strategies = store.strategies(run["id"])
-    summaries = summarize(store)
+    cache = SummaryCache()
+    summaries = summarize(store, cache)
     by_name = {s.name: s for s in summaries}
+    steps_of = {row["id"]: cache.strategies[row["id"]].rank0 for row in strategies}  # read once, for every chart
     sections = [
-        f"<h2>{html.escape(panel.title)}</h2>{metric_chart(store, panel, strategies, by_name)}" for panel in PANELS
+        f"<h2>{html.escape(panel.title)}</h2>{metric_chart(store, panel, strategies, by_name, steps_of)}"
+        for panel in PANELS
     ]
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>offloadlab report: {html.escape(run['name'])}</title>
@@ -231,8 +212,8 @@ practicality is tokens/s over the fastest strategy's here that offloads nothing;
 {STALL_FACTOR:g}x the median. Each cell's second line is the header's second line.</p>
 {_summary_table(summaries)}
 <h2>where the step goes</h2>{phase_chart(summaries)}
-<h2>loss per step</h2>{loss_chart(store, strategies)}
-<h2>step time</h2>{step_time_chart(store, strategies, by_name)}
+<h2>loss per step</h2>{loss_chart(strategies, steps_of)}
+<h2>step time</h2>{step_time_chart(strategies, by_name, steps_of)}
 {''.join(sections)}
 </body></html>"""
     out = out or run_dir / "report.html"
