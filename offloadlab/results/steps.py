@@ -124,6 +124,8 @@ class FollowedStrategy:
         self._last_event_id = 0
         self._open: dict[int, StepTelemetry] = {}
         """Figures of steps whose samples may still be on their way: recomputed on the next update."""
+        self.version: tuple = ()
+        """Changes whenever an update read anything new."""
 
     def update(self, store: RunStore, finished: bool) -> None:
         last = self.rank0[-1].step if self.rank0 else 0
@@ -141,6 +143,7 @@ class FollowedStrategy:
                 self._last_sample_t[key] = new[-1][0]
         self._read_events(store)
         self._measure_steps(finished)
+        self.version = (len(self.rank0), self._last_event_id, *self._last_sample_t.values(), len(self._open))
 
     def _read_events(self, store: RunStore) -> None:
         for e in store.events(self.strategy_id, after_id=self._last_event_id):

@@ -96,6 +96,8 @@ class SummaryCache:
 
     def __init__(self):
         self.strategies: dict[int, FollowedStrategy] = {}
+        self.summaries: dict[int, tuple[tuple, StrategySummary]] = {}
+        """A strategy's figures before they are set against the others', with what they were read from."""
 
     def follow(self, store: RunStore, strategy_id: int, finished: bool) -> FollowedStrategy:
         followed = self.strategies.setdefault(strategy_id, FollowedStrategy(strategy_id))
@@ -133,58 +135,67 @@ def summarize(store: RunStore, cache: SummaryCache | None = None) -> list[Strate
         if died and status.unfinished:
             status, reason = Status.FAILED, f"{Status.INTERRUPTED}: {DIED_REASON}"
         followed = cache.follow(store, row["id"], finished=status.finished)
-        rank0 = followed.rank0
-        steady = figures.steady_state(rank0)
-        times = figures.StepTimes.of([r.step_time_s for r in steady], [r.tokens_per_s * r.step_time_s for r in steady])
-        all_ranks = list(followed.all_ranks.values())
-        steady_all_ranks = [followed.all_ranks[r.step] for r in steady if r.step in followed.all_ranks]
-        telemetry = followed.step_telemetry(steady)
-        comm = [followed.comm[r.step] for r in steady if r.step in followed.comm]
-        verified = row["checkpoint_verified"]
-        tokens_per_s = times.tokens_per_s if times else None
-        facts = _model_facts(followed)
         strategy = strategy_from_store(json.loads(row["config_json"]))
-        out.append(
-            StrategySummary(
-                name=row["name"],
-                engine=row["engine"],
-                status=status,
-                reason=reason,
-                steps_done=len(rank0),
-                steps_planned=row["steps_planned"],
-                median_step_time_s=times.p50_s if times else None,
-                p90_step_time_s=times.p90_s if times else None,
-                max_step_time_s=times.max_s if times else None,
-                stalls=times.stalls if times else None,
-                tokens_per_s=tokens_per_s,
-                practicality=None,
-                exact=strategy.exact if strategy else None,
-                last_loss_deviation=None,
-                mfu_percent=figures.mfu_percent(tokens_per_s, facts) if facts and tokens_per_s else None,
-                peak_allocated_bytes=_max_or_none([r.peak_allocated_bytes for r in all_ranks]),
-                peak_reserved_bytes=_max_or_none([r.peak_reserved_bytes for r in all_ranks]),
-                host_rss_peak_bytes=_max_or_none([r.host_rss_peak_bytes for r in all_ranks]),
-                pinned_swap_bytes=facts.pinned_swap_bytes if facts else None,
-                gpu_memory_bytes=facts.gpu_memory_bytes if facts else None,
-                host_memory_bytes=facts.host_memory_bytes if facts else None,
-                disk_read_bytes_per_step=figures.median([r.disk_read_bytes for r in steady_all_ranks]),
-                disk_write_bytes_per_step=figures.median([r.disk_write_bytes for r in steady_all_ranks]),
-                device_read_bytes_per_step=_median_field([t.device_read_bytes for t in telemetry]),
-                device_write_bytes_per_step=_median_field([t.device_write_bytes for t in telemetry]),
-                gpu_idle_share=_median_field([t.gpu_idle_share for t in telemetry]),
-                pcie_tx_bytes_per_s=_median_field([t.pcie_tx_bytes_per_s for t in telemetry]),
-                pcie_rx_bytes_per_s=_median_field([t.pcie_rx_bytes_per_s for t in telemetry]),
-                comm_bytes_per_step=figures.median([c[0] for c in comm]),
-                comm_seconds_per_step=figures.median([c[1] for c in comm]),
-                checkpoint_verified=None if verified is None else bool(verified),
-                checkpoint_detail=row["checkpoint_detail"],
-                first_loss=rank0[0].loss if rank0 else None,
-                last_loss=rank0[-1].loss if rank0 else None,
-                phase_seconds=_phase_seconds(followed, steady),
-            )
-        )
+        # A strategy that wrote nothing since the last read (a finished one, all through a long run's
+        # polls) keeps its figures: only new steps, samples or events change them.
+        key = (tuple(row), status, reason, followed.version)
+        kept = cache.summaries.get(row["id"])
+        summary = kept[1] if kept and kept[0] == key else _summary(row, status, reason, followed, strategy)
+        cache.summaries[row["id"]] = (key, summary)
+        out.append(summary)
         offloads[row["name"]] = strategy.offloads if strategy else None
     return _against_each_other(out, offloads)
+
+
+def _summary(row, status: Status, reason: str | None, followed: FollowedStrategy, strategy) -> StrategySummary:
+    """One strategy's figures from what the cache followed, before practicality and the loss check."""
+    rank0 = followed.rank0
+    steady = figures.steady_state(rank0)
+    times = figures.StepTimes.of([r.step_time_s for r in steady], [r.tokens_per_s * r.step_time_s for r in steady])
+    all_ranks = list(followed.all_ranks.values())
+    steady_all_ranks = [followed.all_ranks[r.step] for r in steady if r.step in followed.all_ranks]
+    telemetry = followed.step_telemetry(steady)
+    comm = [followed.comm[r.step] for r in steady if r.step in followed.comm]
+    verified = row["checkpoint_verified"]
+    tokens_per_s = times.tokens_per_s if times else None
+    facts = _model_facts(followed)
+    return StrategySummary(
+        name=row["name"],
+        engine=row["engine"],
+        status=status,
+        reason=reason,
+        steps_done=len(rank0),
+        steps_planned=row["steps_planned"],
+        median_step_time_s=times.p50_s if times else None,
+        p90_step_time_s=times.p90_s if times else None,
+        max_step_time_s=times.max_s if times else None,
+        stalls=times.stalls if times else None,
+        tokens_per_s=tokens_per_s,
+        practicality=None,
+        exact=strategy.exact if strategy else None,
+        last_loss_deviation=None,
+        mfu_percent=figures.mfu_percent(tokens_per_s, facts) if facts and tokens_per_s else None,
+        peak_allocated_bytes=_max_or_none([r.peak_allocated_bytes for r in all_ranks]),
+        peak_reserved_bytes=_max_or_none([r.peak_reserved_bytes for r in all_ranks]),
+        host_rss_peak_bytes=_max_or_none([r.host_rss_peak_bytes for r in all_ranks]),
+        pinned_swap_bytes=facts.pinned_swap_bytes if facts else None,
+        gpu_memory_bytes=facts.gpu_memory_bytes if facts else None,
+        host_memory_bytes=facts.host_memory_bytes if facts else None,
+        disk_read_bytes_per_step=figures.median([r.disk_read_bytes for r in steady_all_ranks]),
+        disk_write_bytes_per_step=figures.median([r.disk_write_bytes for r in steady_all_ranks]),
+        device_read_bytes_per_step=_median_field([t.device_read_bytes for t in telemetry]),
+        device_write_bytes_per_step=_median_field([t.device_write_bytes for t in telemetry]),
+        gpu_idle_share=_median_field([t.gpu_idle_share for t in telemetry]),
+        pcie_tx_bytes_per_s=_median_field([t.pcie_tx_bytes_per_s for t in telemetry]),
+        pcie_rx_bytes_per_s=_median_field([t.pcie_rx_bytes_per_s for t in telemetry]),
+        comm_bytes_per_step=figures.median([c[0] for c in comm]),
+        comm_seconds_per_step=figures.median([c[1] for c in comm]),
+        checkpoint_verified=None if verified is None else bool(verified),
+        checkpoint_detail=row["checkpoint_detail"],
+        first_loss=rank0[0].loss if rank0 else None,
+        last_loss=rank0[-1].loss if rank0 else None,
+        phase_seconds=_phase_seconds(followed, steady),
+    )
 
 
 def _against_each_other(summaries: list[StrategySummary], offloads: dict[str, bool | None]) -> list[StrategySummary]:
