@@ -129,7 +129,8 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
                 assert cell(table, name, 7) == "-"  # MFU: a CPU is not in the peak table
                 assert cell(table, name, 8) == f"{summary.last_loss_deviation:+.2%}"
                 assert cell(table, name, 13) == human_bytes(summary.comm_bytes_per_step)
-                assert cell(table, name, 14) == "verified"
+                assert cell(table, name, 14) == f"{phase} {share:.0%}"
+                assert cell(table, name, 15) == "verified"
             # The NVMe strategy's disk series moved (it wrote its swap files under the temp drive).
             assert max(panels(app)["zero3-nvme"].view.disk_write_bytes_per_s.values) > 0
 
@@ -495,3 +496,21 @@ def test_the_run_given_is_the_first_run_read_and_follow_prefers_the_running_one(
 
     assert set(asyncio.run(first_run_shown(run_dir=fixed_root / "older"))) == {"older"}
     assert set(asyncio.run(first_run_shown())) == {"demo"}  # running, though "newer" is newer
+
+
+def test_the_comparison_table_stays_scrolled_across_polls(fixed_root):
+    """At 80 columns most of the table is off to the right; each poll used to clear and refill it, snapping
+    a user's scroll back to the left every second."""
+
+    async def scenario():
+        app = make_app(root=fixed_root, poll_s=0.05)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: _ready(app, DashboardScreen))
+            table = app.screen.query_one(CompareTable)
+            table.scroll_to(x=40, animate=False)
+            await pilot.pause(0.1)
+            assert table.scroll_x == 40
+            await pilot.pause(0.5)  # ten polls
+            assert table.scroll_x == 40 and table.row_count == 3
+
+    asyncio.run(scenario())

@@ -15,7 +15,7 @@ from offloadlab.results.status import Status
 from offloadlab.results.steps import PHASES
 from offloadlab.results.store import TunePoint
 from offloadlab.results.summary import StrategySummary
-from offloadlab.results.tables import ago, fmt_or_dash, human_bytes, loss_deviation, stalls
+from offloadlab.results.tables import ago, bound_by, fmt_or_dash, human_bytes, loss_deviation, stalls
 
 from .reader import RunView, Series, StrategyView, TuneView
 
@@ -172,6 +172,7 @@ class CompareTable(DataTable):
         "NVMe r/w per step",
         "GPU idle",
         "comm/step",
+        "bound by",
         "ckpt",
     )
 
@@ -180,36 +181,45 @@ class CompareTable(DataTable):
         self.add_columns(*self.COLUMNS)
 
     def show(self, view: RunView) -> None:
-        self.clear()
-        for sv in view.strategies:
-            s = sv.summary
-            finished = s.status.finished
-            fmt = lambda v, f: fmt_or_dash(v if finished else None, f)  # noqa: E731 - a dash until it finishes
-            idle = None if s.gpu_idle_share is None else 100 * s.gpu_idle_share
-            ckpt = {True: Text("verified", "green"), False: Text("FAILED", "red"), None: Text("-")}[
-                s.checkpoint_verified
-            ]
-            self.add_row(
-                # The reason is in the strategy's panel; the table keeps to one short word.
-                s.name,
-                status_text(s, with_reason=False),
-                "-" if not finished else f"{fmt(s.median_step_time_s, '{:.3f}')} / {fmt(s.p90_step_time_s, '{:.3f}')}",
-                fmt(s.max_step_time_s, "{:.2f}"),
-                stalls(s) if finished else "-",
-                fmt(s.tokens_per_s, "{:,.0f}"),
-                fmt(s.practicality, "{:.0%}"),
-                fmt(s.mfu_percent, "{:.1f}%"),
-                loss_deviation(s) if finished else "-",
-                human_bytes(s.peak_allocated_bytes) if finished else "-",
-                human_bytes(s.host_rss_peak_bytes) if finished else "-",
-                f"{human_bytes(s.disk_read_bytes_per_step)} / {human_bytes(s.disk_write_bytes_per_step)}"
-                if finished
-                else "-",
-                fmt(idle, "{:.0f}%"),
-                human_bytes(s.comm_bytes_per_step) if finished else "-",
-                ckpt,
-                key=s.name,
-            )
+        rows = {sv.name: self._cells(sv.summary) for sv in view.strategies}
+        if [str(k.value) for k in self.rows] != list(rows):
+            self.clear()
+            for name, cells in rows.items():
+                self.add_row(*cells, key=name)
+            return
+        # The same strategies: cells change in place, so a scrolled table stays where the user put it (a
+        # clear and refill every poll snapped it back to the left).
+        for name, cells in rows.items():
+            for column, cell in zip(self.columns, cells):
+                self.update_cell(name, column, cell)
+
+    @staticmethod
+    def _cells(s: StrategySummary) -> list:
+        finished = s.status.finished
+        fmt = lambda v, f: fmt_or_dash(v if finished else None, f)  # noqa: E731 - a dash until it finishes
+        idle = None if s.gpu_idle_share is None else 100 * s.gpu_idle_share
+        ckpt = {True: Text("verified", "green"), False: Text("FAILED", "red"), None: Text("-")}[s.checkpoint_verified]
+        return [
+            # The reason is in the strategy's panel; the table keeps to one short word.
+            s.name,
+            status_text(s, with_reason=False),
+            "-" if not finished else f"{fmt(s.median_step_time_s, '{:.3f}')} / {fmt(s.p90_step_time_s, '{:.3f}')}",
+            fmt(s.max_step_time_s, "{:.2f}"),
+            stalls(s) if finished else "-",
+            fmt(s.tokens_per_s, "{:,.0f}"),
+            fmt(s.practicality, "{:.0%}"),
+            fmt(s.mfu_percent, "{:.1f}%"),
+            loss_deviation(s) if finished else "-",
+            human_bytes(s.peak_allocated_bytes) if finished else "-",
+            human_bytes(s.host_rss_peak_bytes) if finished else "-",
+            f"{human_bytes(s.disk_read_bytes_per_step)} / {human_bytes(s.disk_write_bytes_per_step)}"
+            if finished
+            else "-",
+            fmt(idle, "{:.0f}%"),
+            human_bytes(s.comm_bytes_per_step) if finished else "-",
+            bound_by(s),
+            ckpt,
+        ]
 
 
 def _size(block_size: int) -> str:
