@@ -14,7 +14,7 @@ import psutil
 import pytest
 import tomli_w
 
-from offloadlab.results.store import RunStore, StoreError
+from offloadlab.results.store import DB_NAME, RunStore, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,6 +38,14 @@ def write_spec(folder: Path, strategies: list[dict], **overrides) -> Path:
     path = folder / "spec.toml"
     path.write_text(tomli_w.dumps(raw))
     return path
+
+
+def copy_store(source_run_dir: Path, dest_run_dir: Path) -> Path:
+    """A consistent copy of a run store (SQLite's backup API, WAL content included)."""
+    dest_run_dir.mkdir(parents=True)
+    with sqlite3.connect(source_run_dir / DB_NAME) as src, sqlite3.connect(dest_run_dir / DB_NAME) as dst:
+        src.backup(dst)
+    return dest_run_dir
 
 
 def cli(*args: str, timeout: float = 900, check: bool = True, cwd: Path = REPO) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from conftest import cli, write_spec
+from conftest import cli, copy_store, write_spec
 from offloadlab.results import figures
 from offloadlab.results.store import RunStore
 from offloadlab.results.summary import summarize
@@ -187,3 +187,28 @@ def test_plan_weighs_a_specs_zenflow_and_writes_it_back(tmp_path):
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     written = parse_spec(tomllib.loads((tmp_path / "out" / "zero2-zenflow.toml").read_text()))
     assert written.strategy[0].zenflow.topk_ratio == 0.1
+
+
+def test_practicality_falls_back_to_a_stored_run_of_the_same_model_batch_and_gpu(world1, tmp_path):
+    """A run without a no-offload strategy is held against the fastest one stored beside it (under the same
+    runs/ folder) for the same model, batch, precision and device; another batch's is never used."""
+    import sqlite3
+
+    from offloadlab.results.rundir import DB_NAME
+    from offloadlab.results.summary import SummaryCache
+
+    runs = tmp_path / "runs"
+    base, own, other = (copy_store(world1, runs / name) for name in ("base", "own", "other-batch"))
+    with sqlite3.connect(own / DB_NAME) as conn:  # this run: only the strategies that offload
+        conn.execute("DELETE FROM strategies WHERE name = 'fsdp2'")
+    with sqlite3.connect(other / DB_NAME) as conn:  # another batch, ten times as fast: not comparable
+        conn.execute("UPDATE runs SET spec_toml = replace(spec_toml, 'micro_batch = 2', 'micro_batch = 3')")
+        conn.execute("UPDATE steps SET t_end = t_start + (t_end - t_start) / 10, tokens_per_s = tokens_per_s * 10")
+    stored = {s.name: s for s in summarize(RunStore(base))}
+    assert {s.practicality_baseline for s in stored.values()} == {"fsdp2"}  # its own, when it has one
+    summaries = summarize(RunStore(own), SummaryCache())
+    assert [s.name for s in summaries] == ["zero2-cpu", "zero3-nvme", "fsdp2-cpu-offload"]
+    for s in summaries:
+        assert s.practicality_baseline == "base/fsdp2"
+        assert s.practicality == pytest.approx(s.tokens_per_s / stored["fsdp2"].tokens_per_s)
+    assert "practical: tokens/s over base/fsdp2's" in cli("compare", str(own)).stdout

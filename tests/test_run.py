@@ -167,6 +167,7 @@ def test_model_facts_are_recorded_and_mfu_follows_from_them(world1, world2):
     from dataclasses import replace
 
     from offloadlab.results import figures
+    from offloadlab.results.steps import FollowedStrategy
     from offloadlab.results.summary import _model_facts
     from offloadlab.spec import ModelSpec
     from offloadlab.workload.model import gpt_config
@@ -175,7 +176,11 @@ def test_model_facts_are_recorded_and_mfu_follows_from_them(world1, world2):
     for run_dir, world in ((world1, 1), (world2, 2)):
         store = RunStore(run_dir)
         for row, summary in zip(store.strategies(store.run()["id"]), summarize(store)):
-            facts = _model_facts(store, row["id"])
+            followed = FollowedStrategy(row["id"])
+            followed.update(store, finished=True)
+            facts = _model_facts(followed)
+            # what the peaks are held against: no GPU here, and this host's RAM
+            assert facts.gpu_memory_bytes is None and facts.host_memory_bytes == psutil.virtual_memory().total
             assert (facts.n_params, facts.n_layers, facts.d_model) == (cfg.n_params, cfg.n_layers, cfg.d_model), row[
                 "name"
             ]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Sparkline, Static
 
-from conftest import cli, wait_for_worker
+from conftest import cli, copy_store, wait_for_worker
 from offloadlab.results.rundir import RunDir
 from offloadlab.results.store import DB_NAME, RunStore, StepRecord, TunePoint
 from offloadlab.results.summary import summarize
@@ -34,14 +34,6 @@ from offloadlab_tui.screens import DashboardScreen, RunsScreen, TuneScreen
 from offloadlab_tui.widgets import CompareTable, StrategyPanel, TuneHeatmap
 
 SIZE = (80, 24)
-
-
-def copy_store(source_run_dir: Path, dest_run_dir: Path) -> Path:
-    """A consistent copy of a run store (SQLite's backup API, WAL content included)."""
-    dest_run_dir.mkdir(parents=True)
-    with sqlite3.connect(source_run_dir / DB_NAME) as src, sqlite3.connect(dest_run_dir / DB_NAME) as dst:
-        src.backup(dst)
-    return dest_run_dir
 
 
 @pytest.fixture(scope="module")

@@ -208,7 +208,9 @@ td:first-child,td:nth-child(2){{text-align:left}} svg{{max-width:100%;height:aut
 <h1>offloadlab report: {html.escape(run['name'])}</h1><p>run directory {html.escape(str(run_dir))},
 status {html.escape(store.run_status())}.
 Step figures leave out the first step; tokens/s is tokens over the time of all the other steps;
-practicality is tokens/s over the fastest strategy's here that offloads nothing; a stall is a step over
+practicality is tokens/s over the fastest strategy's here that offloads nothing (or, for a run without
+one, a stored run's of the same model, batch and GPU: the table's "practical" caption in compare names it);
+a stall is a step over
 {STALL_FACTOR:g}x the median. Each cell's second line is the header's second line.</p>
 {_summary_table(summaries)}
 <h2>where the step goes</h2>{phase_chart(summaries)}

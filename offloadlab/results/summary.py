@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sqlite3
 import statistics
+import tomllib
 from dataclasses import asdict, dataclass
 
 from offloadlab.results import figures
+from offloadlab.results.rundir import DB_NAME
 from offloadlab.results.status import DIED_REASON, Status
 from offloadlab.results.steps import PHASES, FollowedStrategy
 from offloadlab.results.store import RunStore, StoreError
@@ -63,6 +66,9 @@ class StrategySummary:
     checkpoint_detail: str | None
     first_loss: float | None
     last_loss: float | None
+    practicality_baseline: str | None = None
+    """Whose tokens/s practicality is over: a strategy of this run, or "RUN/STRATEGY" of a run stored beside
+    it (same model, batch, precision and GPU) when this one has no strategy without offload."""
     phase_seconds: dict[str, float] | None = None
     """Mean seconds of a steady step in each of steps.PHASES and "other" (the rest of the step: data,
     hooks, waits outside the timed phases), rank 0; None without phase events."""
@@ -97,6 +103,8 @@ class SummaryCache:
     def __init__(self):
         self.strategies: dict[int, FollowedStrategy] = {}
         self.summaries: dict[int, tuple[tuple, StrategySummary]] = {}
+        self.stored_baseline: tuple[tuple[float, str] | None] | None = None
+        """Looked up once: (the stored no-offload baseline or None,), None before the lookup."""
         """A strategy's figures before they are set against the others', with what they were read from."""
 
     def follow(self, store: RunStore, strategy_id: int, finished: bool) -> FollowedStrategy:
@@ -144,7 +152,63 @@ def summarize(store: RunStore, cache: SummaryCache | None = None) -> list[Strate
         cache.summaries[row["id"]] = (key, summary)
         out.append(summary)
         offloads[row["name"]] = strategy.offloads if strategy else None
-    return _against_each_other(out, offloads)
+    if not any(offloads[s.name] is False and s.status is Status.DONE and s.tokens_per_s for s in out):
+        if cache.stored_baseline is None:
+            facts = next((_model_facts(f) for f in cache.strategies.values() if _model_facts(f)), None)
+            cache.stored_baseline = (stored_baseline(store, facts),) if facts else None
+    return _against_each_other(out, offloads, cache.stored_baseline[0] if cache.stored_baseline else None)
+
+
+def _batch(spec_toml: str) -> tuple:
+    raw = tomllib.loads(spec_toml)
+    return raw.get("micro_batch"), raw.get("grad_accum", 1), raw.get("nproc", 1)
+
+
+def stored_baseline(store: RunStore, facts: figures.ModelFacts) -> tuple[float, str] | None:
+    """The fastest finished strategy without offload in another run stored beside this one (the same parent
+    folder, as `offloadlab run` puts them under runs/) of the same model, batch, precision and GPU:
+    (its tokens/s, "RUN/STRATEGY"). Only for a run that has no such strategy of its own."""
+    best = None
+    batch = _batch(store.run()["spec_toml"])
+    for other in sorted(store.run_dir.parent.glob(f"*/{DB_NAME}")):
+        if other.parent.resolve() == store.run_dir.resolve():
+            continue
+        try:
+            found = _fastest_without_offload(RunStore(other.parent), facts, batch)
+        except (StoreError, sqlite3.DatabaseError, LookupError, tomllib.TOMLDecodeError):
+            continue  # not a run store, or one being written: not a baseline
+        if found and (best is None or found[0] > best[0]):
+            best = found
+    return best
+
+
+def _fastest_without_offload(store: RunStore, facts: figures.ModelFacts, batch: tuple) -> tuple[float, str] | None:
+    try:
+        run = store.run()
+        if _batch(run["spec_toml"]) != batch:
+            return None
+        best = None
+        for row in store.strategies(run["id"]):
+            strategy = strategy_from_store(json.loads(row["config_json"]))
+            if Status(row["status"]) is not Status.DONE or strategy is None or strategy.offloads:
+                continue
+            theirs = store.events(row["id"], figures.MODEL_FACTS_EVENT)
+            if not theirs or not _same_workload(figures.ModelFacts(**json.loads(theirs[0]["detail"])), facts):
+                continue
+            steady = figures.steady_state(store.steps(row["id"]))
+            times = figures.StepTimes.of(
+                [r.step_time_s for r in steady], [r.tokens_per_s * r.step_time_s for r in steady]
+            )
+            if times and (best is None or times.tokens_per_s > best[0]):
+                best = (times.tokens_per_s, f"{store.run_dir.name}/{row['name']}")
+        return best
+    finally:
+        store.close()
+
+
+def _same_workload(a: figures.ModelFacts, b: figures.ModelFacts) -> bool:
+    keys = ("n_params", "n_layers", "d_model", "seq_len", "precision", "device_name", "world_size")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
 def _summary(row, status: Status, reason: str | None, followed: FollowedStrategy, strategy) -> StrategySummary:
@@ -198,11 +262,15 @@ def _summary(row, status: Status, reason: str | None, followed: FollowedStrategy
     )
 
 
-def _against_each_other(summaries: list[StrategySummary], offloads: dict[str, bool | None]) -> list[StrategySummary]:
-    """Practicality against the fastest finished strategy that offloads nothing, and the last loss against
-    an exact strategy's that ran as many steps."""
-    without_offload = [s.tokens_per_s for s in summaries if offloads[s.name] is False and s.status is Status.DONE]
-    baseline = max((t for t in without_offload if t), default=None)
+def _against_each_other(
+    summaries: list[StrategySummary], offloads: dict[str, bool | None], stored: tuple[float, str] | None
+) -> list[StrategySummary]:
+    """Practicality against the fastest finished strategy that offloads nothing (of this run, else the
+    stored one), and the last loss against an exact strategy's that ran as many steps."""
+    without_offload = [
+        (s.tokens_per_s, s.name) for s in summaries if offloads[s.name] is False and s.status is Status.DONE
+    ]
+    baseline, baseline_name = max((t for t in without_offload if t[0]), default=stored or (None, None))
     exact = [s for s in summaries if s.exact and s.status is Status.DONE and s.last_loss is not None]
     out = []
     for s in summaries:
@@ -211,6 +279,7 @@ def _against_each_other(summaries: list[StrategySummary], offloads: dict[str, bo
             dataclasses.replace(
                 s,
                 practicality=figures.practicality(s.tokens_per_s, baseline),
+                practicality_baseline=baseline_name if s.tokens_per_s and baseline else None,
                 last_loss_deviation=figures.relative_deviation(s.last_loss, reference),
             )
         )

@@ -189,4 +189,7 @@ def compare_table(
         )
     for s in summaries:
         table.add_row(*(c.cell(s) for c in columns))
+    stored = next((s.practicality_baseline for s in summaries if "/" in (s.practicality_baseline or "")), None)
+    if stored:
+        table.caption = Text(f"practical: tokens/s over {stored}'s, stored beside this run (same model, batch, GPU)")
     return table
