@@ -20,7 +20,9 @@ from offloadlab.results.status import Status
 from offloadlab.spec import SpecError, load_spec
 
 # Piped output (logs, CI) gets a wide console instead of rich's 80 columns, so messages stay on one line.
-console = Console() if sys.stdout.isatty() else Console(width=180)
+# Piped: at least 180 columns, so messages never wrap mid-sentence, and a wider COLUMNS is honoured (the
+# widest compare layout needs 200).
+console = Console() if sys.stdout.isatty() else Console(width=max(180, int(os.environ.get("COLUMNS") or 0)))
 
 
 def _table_width() -> int:

@@ -185,7 +185,7 @@ def compare_table(
             no_wrap=c.header != "status",
             overflow="fold",
             # The status holds a failure's reason: wide layouts keep it readable, not folded a word a line.
-            min_width=(len("status") if narrow else 12) if c.header == "status" else None,
+            min_width=(12 if width >= 160 else len("status")) if c.header == "status" else None,
         )
     for s in summaries:
         table.add_row(*(c.cell(s) for c in columns))
