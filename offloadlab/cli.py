@@ -20,18 +20,21 @@ from offloadlab.results.status import Status
 from offloadlab.spec import SpecError, load_spec
 
 # Piped output (logs, CI) gets a wide console instead of rich's 80 columns, so messages stay on one line.
-# Piped: at least 180 columns, so messages never wrap mid-sentence, and a wider COLUMNS is honoured (the
-# widest compare layout needs 200).
-console = Console() if sys.stdout.isatty() else Console(width=max(180, int(os.environ.get("COLUMNS") or 0)))
+console = Console() if sys.stdout.isatty() else Console(width=180)
 
 
 def _table_width() -> int:
-    """The width compare's table lays itself out for: the terminal's, or piped, the COLUMNS the caller set."""
-    return console.width if sys.stdout.isatty() else int(os.environ.get("COLUMNS", console.width))
+    """The width compare's table lays itself out for: the terminal's, or piped, the COLUMNS the caller set
+    up to the console's 180 (a wider layout printed into it lost its last columns)."""
+    if sys.stdout.isatty():
+        return console.width
+    return min(int(os.environ.get("COLUMNS", console.width)), console.width)
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {escape(message)}")
+    # One line, however long: a hard wrap put a newline at a place that moved with the path's length
+    # (and the console's width), inside the very fix the message names.
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     sys.exit(2)
 
 
