@@ -44,11 +44,11 @@ class StrategySummary:
     peak_reserved_bytes: int | None
     host_rss_peak_bytes: int | None
     pinned_swap_bytes: int | None
+    """Page-locked RAM of NVMe swap buffers (`offloadlab tune --spec` sizes them); None if no engine was built."""
     gpu_memory_bytes: int | None
     """The GPU's memory, what the peaks are held against; None on the CPU or before the engine was built."""
     host_memory_bytes: int | None
     """The host's RAM, what the RSS peak is held against."""
-    """Page-locked RAM of NVMe swap buffers (`offloadlab tune --spec` sizes them); None if no engine was built."""
     disk_read_bytes_per_step: float | None
     """Block-layer bytes the strategy's own processes read per step, all ranks (/proc/PID/io)."""
     disk_write_bytes_per_step: float | None
@@ -103,9 +103,9 @@ class SummaryCache:
     def __init__(self):
         self.strategies: dict[int, FollowedStrategy] = {}
         self.summaries: dict[int, tuple[tuple, StrategySummary]] = {}
+        """A strategy's figures before they are set against the others', with what they were read from."""
         self.stored_baseline: tuple[tuple[float, str] | None] | None = None
         """Looked up once: (the stored no-offload baseline or None,), None before the lookup."""
-        """A strategy's figures before they are set against the others', with what they were read from."""
 
     def follow(self, store: RunStore, strategy_id: int, finished: bool) -> FollowedStrategy:
         followed = self.strategies.setdefault(strategy_id, FollowedStrategy(strategy_id))
