@@ -177,14 +177,13 @@ def phase_chart(summaries: list[StrategySummary]) -> str:
 
 def _summary_table(summaries: list[StrategySummary]) -> str:
     """compare's table, every column (the widest layout), each cell's lines as in the terminal."""
-    columns = COLUMNS
 
     def cell(text) -> str:
         plain = text.plain if hasattr(text, "plain") else str(text)
         return "<br>".join(html.escape(line) for line in plain.splitlines())
 
-    head = "".join(f"<th>{cell(c.header)}</th>" for c in columns)
-    rows = "".join("<tr>" + "".join(f"<td>{cell(c.cell(s))}</td>" for c in columns) + "</tr>" for s in summaries)
+    head = "".join(f"<th>{cell(c.header)}</th>" for c in COLUMNS)
+    rows = "".join("<tr>" + "".join(f"<td>{cell(c.cell(s))}</td>" for c in COLUMNS) + "</tr>" for s in summaries)
     return f"<table><tr>{head}</tr>{rows}</table>"
 
 

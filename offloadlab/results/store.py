@@ -416,14 +416,18 @@ class RunStore:
             names.append(name)
         return names
 
+    def _metrics_like(self, strategy_id: int, metric_like: str) -> list[str]:
+        """The strategy's metric names a LIKE pattern matches (as SQLite's LIKE: % any run, _ one character,
+        case-insensitive), matched here so queries can use the (strategy, metric, t) index by name."""
+        pattern = re.compile(re.escape(metric_like).replace("%", ".*").replace("_", "."), re.IGNORECASE)
+        return [m for m in self.metrics(strategy_id) if pattern.fullmatch(m)]
+
     def samples(
         self, strategy_id: int, metric_like: str, after_t: float | None = None
     ) -> list[tuple[float, str, float | None]]:
         """(t, metric, value) of a strategy's samples whose metric matches a LIKE pattern (and later than
-        after_t), by time. The pattern is matched against the metric names first, so the query reads only
-        the matching metrics' rows through the (strategy, metric, t) index, not every sample."""
-        pattern = re.compile(re.escape(metric_like).replace("%", ".*").replace("_", "."), re.IGNORECASE)
-        names = [m for m in self.metrics(strategy_id) if pattern.fullmatch(m)]
+        after_t), by time, read only from the matching metrics' rows, not every sample."""
+        names = self._metrics_like(strategy_id, metric_like)
         if not names:
             return []
         rows = self.conn.execute(
@@ -439,9 +443,8 @@ class RunStore:
         """Per matching metric, the mean of its samples in each of at most `max_bins` equal time bins (bin
         centre, mean), each at least `min_periods` sampling periods wide; None for an empty bin (a gap).
         Averaged in SQL: a 3-hour run's 100k samples a metric never become Python objects."""
-        pattern = re.compile(re.escape(metric_like).replace("%", ".*").replace("_", "."), re.IGNORECASE)
         out = {}
-        for name in (m for m in self.metrics(strategy_id) if pattern.fullmatch(m)):
+        for name in self._metrics_like(strategy_id, metric_like):
             start, end, count = self.conn.execute(
                 "SELECT MIN(t), MAX(t), COUNT(*) FROM samples WHERE strategy_id = ? AND metric = ?",
                 (strategy_id, name),

@@ -63,8 +63,8 @@ def bound_by(s: StrategySummary) -> str:
     """Where the step goes: "optimizer 84%"."""
     if s.bound_by is None:
         return "-"
-    name, share = s.bound_by
-    return f"{name} {share:.0%}"
+    name, fraction = s.bound_by
+    return f"{name} {fraction:.0%}"
 
 
 def phase_shares(s: StrategySummary) -> str:
