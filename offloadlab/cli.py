@@ -113,6 +113,11 @@ def main() -> None:
 @click.option("--master-addr", help="Address of node 0, for several hosts.")
 @click.option("--master-port", default=29500, show_default=True)
 @click.option("--force", is_flag=True, help="Run even when the plan says no strategy fits this machine.")
+@click.option(
+    "--gpu-mem",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Hold every rank to a GPU of this many GiB (the spec's gpu_memory_limit_gib).",
+)
 def run(
     spec_path: Path,
     out: Path | None,
@@ -122,6 +127,7 @@ def run(
     master_addr: str | None,
     master_port: int,
     force: bool,
+    gpu_mem: float | None,
 ) -> None:
     """Train every strategy of SPEC_PATH side by side, verify checkpoints, and print the comparison."""
     import sqlite3
@@ -131,6 +137,8 @@ def run(
 
     try:
         spec = load_spec(spec_path)
+        if gpu_mem is not None:
+            spec = spec.model_copy(update={"gpu_memory_limit_gib": gpu_mem})
         run_dir = run_spec(
             spec, out, Launch(nnodes, node_rank, master_addr, master_port), console, keep_checkpoints, force
         )
@@ -322,7 +330,12 @@ def tune(
 @click.option("--grad-accum", default=1, show_default=True)
 @click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True)
 @click.option("--gpus", type=int, help="GPUs (ranks) on this host; default: detected (or the spec's nproc).")
-@click.option("--gpu-mem", type=float, help="GiB per GPU; default: detected. 0 means no GPU.")
+@click.option(
+    "--gpu-mem",
+    type=float,
+    help="GiB per GPU; default: the spec's gpu_memory_limit_gib, else detected. 0 means no GPU. "
+    "--write holds the written spec to it.",
+)
 @click.option("--host-mem", type=float, help="GiB of RAM to plan with; default: available now.")
 @click.option(
     "--nvme", "nvme_path", type=click.Path(path_type=Path), help="NVMe folder; default: the spec's nvme_path."

@@ -327,6 +327,9 @@ class RunSpec(_Strict):
     verify_checkpoint: bool = True
     telemetry_hz: float = Field(default=10.0, ge=0, le=100)
     """Sampler rate for GPU/host/disk figures; 0 turns the sampler off."""
+    gpu_memory_limit_gib: float | None = Field(default=None, gt=0)
+    """Hold each rank to a GPU of this many GiB (CUDA context and NCCL included), so one large GPU behaves
+    like a smaller one; going past it is "does not fit". Not enforced on the CPU; `run --gpu-mem` sets it."""
     nvme_path: Path | None = None
     """Where NVMe strategies swap; offloadlab makes (and removes) its own subfolder there."""
     model: ModelSpec

@@ -140,11 +140,13 @@ class PlanInputs:
                 ),
                 "--model",
             )
+        if r.gpu_mem_gib:  # planned for a GPU of this size: the spec `--write` emits is held to it
+            spec = spec.model_copy(update={"gpu_memory_limit_gib": r.gpu_mem_gib})
         nvme_path = r.nvme_path or (spec.nvme_path if r.spec_path is not None else None)
         cfg = compute_stand_in(spec)
         shape = shape_of_spec(spec)
         gpus = r.gpus or (spec.nproc if r.spec_path else None)
-        machine = detect_machine(gpus, r.gpu_mem_gib, r.host_mem_gib, nvme_path)
+        machine = detect_machine(gpus, r.gpu_mem_gib or spec.gpu_memory_limit_gib, r.host_mem_gib, nvme_path)
         tuned_dir = r.tuned_dir or _newest_tune()
         links = links or measure_links(spec, cfg, machine, nvme_path, tuned_dir, console)
         if r.tflops:

@@ -57,6 +57,13 @@ class ModelFacts:
     """Rank 0's GPU's memory (None on the CPU), what its peaks are held against."""
     host_memory_bytes: int | None = None
     """The host's RAM, what the process tree's RSS is held against."""
+    gpu_budget_bytes: int | None = None
+    """The GPU memory budget the run was held to (`gpu_memory_limit_gib`); None: the whole GPU."""
+
+    @property
+    def gpu_capacity_bytes(self) -> int | None:
+        """What the GPU peaks are held against: the budget where there was one, else the GPU's memory."""
+        return self.gpu_budget_bytes or self.gpu_memory_bytes
 
     @property
     def flops_per_token(self) -> float:

@@ -94,9 +94,17 @@ def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dic
                 name = f"{label}, {gpu}" if len(lines) > 1 else label  # one line per GPU
                 ax.plot(x, y, "-" if gpu in ("gpu0", "disk", "host") else ":", color=color, linewidth=1.2, label=name)
                 drawn = True
-        capacity = getattr(summaries.get(row["name"]), panel.capacity or "", None)
+        summary = summaries.get(row["name"])
+        capacity = getattr(summary, panel.capacity or "", None)
         if drawn and capacity:
-            ax.axhline(capacity / panel.scale, color="black", linestyle="--", linewidth=0.8, label="capacity")
+            held_to_budget = panel.capacity == "gpu_memory_bytes" and summary.gpu_budget_bytes
+            ax.axhline(
+                capacity / panel.scale,
+                color="black",
+                linestyle="--",
+                linewidth=0.8,
+                label="budget" if held_to_budget else "capacity",
+            )
         if drawn and steps and len(steps) <= STEP_MARKS:
             for r in steps:
                 ax.axvline(r.t_start - t0, color="#dddddd", linewidth=0.5, zorder=0)

@@ -46,7 +46,10 @@ class StrategySummary:
     pinned_swap_bytes: int | None
     """Page-locked RAM of NVMe swap buffers (`offloadlab tune --spec` sizes them); None if no engine was built."""
     gpu_memory_bytes: int | None
-    """The GPU's memory, what the peaks are held against; None on the CPU or before the engine was built."""
+    """What the GPU peaks are held against: the run's GPU memory budget where it had one, else the GPU's memory;
+    None on the CPU or before the engine was built."""
+    gpu_budget_bytes: int | None
+    """The GPU memory budget the run was held to (`gpu_memory_limit_gib`); None: the whole GPU."""
     host_memory_bytes: int | None
     """The host's RAM, what the RSS peak is held against."""
     disk_read_bytes_per_step: float | None
@@ -243,7 +246,8 @@ def _summary(row, status: Status, reason: str | None, followed: FollowedStrategy
         peak_reserved_bytes=_max_or_none([r.peak_reserved_bytes for r in all_ranks]),
         host_rss_peak_bytes=_max_or_none([r.host_rss_peak_bytes for r in all_ranks]),
         pinned_swap_bytes=facts.pinned_swap_bytes if facts else None,
-        gpu_memory_bytes=facts.gpu_memory_bytes if facts else None,
+        gpu_memory_bytes=facts.gpu_capacity_bytes if facts else None,
+        gpu_budget_bytes=facts.gpu_budget_bytes if facts else None,
         host_memory_bytes=facts.host_memory_bytes if facts else None,
         disk_read_bytes_per_step=figures.median([r.disk_read_bytes for r in steady_all_ranks]),
         disk_write_bytes_per_step=figures.median([r.disk_write_bytes for r in steady_all_ranks]),

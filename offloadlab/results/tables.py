@@ -189,7 +189,13 @@ def compare_table(
         )
     for s in summaries:
         table.add_row(*(c.cell(s) for c in columns))
+    captions = []
     stored = next((s.practicality_baseline for s in summaries if "/" in (s.practicality_baseline or "")), None)
     if stored:
-        table.caption = Text(f"practical: tokens/s over {stored}'s, stored beside this run (same model, batch, GPU)")
+        captions.append(f"practical: tokens/s over {stored}'s, stored beside this run (same model, batch, GPU)")
+    budget = next((s.gpu_budget_bytes for s in summaries if s.gpu_budget_bytes), None)
+    if budget:
+        captions.append(f"GPU memory budget {human_bytes(budget)} a rank: GPU shares are of it")
+    if captions:
+        table.caption = Text("; ".join(captions))
     return table

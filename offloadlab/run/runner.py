@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import version
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from offloadlab.engines import engine_class
 from offloadlab.engines.ops import announce_on, ensure_built
-from offloadlab.plan.accounting import Shape
+from offloadlab.plan.accounting import GiB, Machine, Shape
 from offloadlab.results.rundir import LOCK_NAME, NVME_PREFIX, RunDir, RunDirError, signals_ignored
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore, StoreError
@@ -336,6 +336,24 @@ class Runner:
         return left
 
 
+def held_to_budget(spec: RunSpec, machine: Machine, console: Console) -> Machine:
+    """The machine as the spec's GPU memory budget leaves it, said before the run starts."""
+    budget = spec.gpu_memory_limit_gib
+    if budget is None:
+        return machine
+    if machine.gpu_mem_bytes is None:
+        console.print(f"  gpu_memory_limit_gib = {budget:g} is not enforced: this machine has no CUDA GPU")
+        return machine
+    if budget * GiB >= machine.gpu_mem_bytes:
+        console.print(
+            f"  gpu_memory_limit_gib = {budget:g} is not below this GPU's {machine.gpu_mem_bytes / GiB:.1f} GiB: "
+            "the whole GPU is used"
+        )
+        return machine
+    console.print(f"  every rank is held to {budget:g} GiB of its GPU's {machine.gpu_mem_bytes / GiB:.1f}")
+    return replace(machine, gpu_mem_bytes=budget * GiB)
+
+
 def check_fits(spec: RunSpec, shape: Shape, console: Console, force: bool) -> None:
     """Ask the planner before any process starts: refuse a spec none of whose strategies fits this machine,
     and say which ones are predicted not to fit."""
@@ -343,7 +361,7 @@ def check_fits(spec: RunSpec, shape: Shape, console: Console, force: bool) -> No
     from offloadlab.plan.inputs import detect_machine, swap_buffers_of
     from offloadlab.plan.predict import predict
 
-    machine = detect_machine(spec.nproc, None, None, spec.nvme_path)
+    machine = held_to_budget(spec, detect_machine(spec.nproc, None, None, spec.nvme_path), console)
     unfit = {}
     for s in spec.strategy:
         prediction = predict(

@@ -36,6 +36,7 @@ from offloadlab.telemetry.probes import device_memory_total, device_name
 from offloadlab.telemetry.sampler import SamplerProcess
 from offloadlab.train.checkpoint import restore_and_check
 from offloadlab.train.comm_meter import CommMeter
+from offloadlab.train.gpu_budget import GpuBudget, GpuBudgetError
 from offloadlab.train.trainer import StepWindow, run_steps
 from offloadlab.workload.data import TokenSource
 from offloadlab.workload.model import model_numbers
@@ -47,12 +48,16 @@ LOSS_RTOL = 1e-5
 LOSS_RTOL_OTHER_WORLD = 1e-4
 
 
-def classify_failure(exc: BaseException, engine: type[Engine]) -> tuple[Status, str]:
+def classify_failure(exc: BaseException, engine: type[Engine], budget: GpuBudget | None = None) -> tuple[Status, str]:
     """(status, reason) for the run store: does not fit when memory, swap buffers or disk ran out."""
     own = engine.failure_reason(exc)
     if own is not None:
         return own
     text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
+    if isinstance(exc, GpuBudgetError):
+        return Status.DOES_NOT_FIT, str(exc)
+    if budget is not None and "out of memory" in str(exc).lower():
+        return Status.DOES_NOT_FIT, f"GPU memory budget of {budget.budget_bytes / 2**30:g} GiB exhausted: {text}"
     if isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) or "DefaultCPUAllocator" in str(exc):
         return Status.DOES_NOT_FIT, f"host RAM exhausted: {text}"
     if "out of memory" in str(exc).lower():  # torch.OutOfMemoryError, and CUDA's own message
@@ -71,7 +76,17 @@ def sampler_for(spec: RunSpec, ctx: DistContext, run_dir: Path, strategy_id: int
     return SamplerProcess(run_dir, strategy_id, hz=spec.telemetry_hz, nvme_path=disk_path, root_pid=root_pid)
 
 
-def record_model_facts(store: RunStore, strategy_id: int, spec: RunSpec, engine) -> None:
+def build_within(budget: GpuBudget | None, spec: RunSpec, strategy, ctx, nvme_dir: Path | None) -> Engine:
+    """The engine, built under the GPU memory budget where there is one to hold."""
+    if budget:
+        budget.apply()  # before the engine allocates anything
+    engine = build_engine(spec, strategy, ctx, nvme_dir)
+    if budget:
+        budget.apply()  # NCCL's communicators and the engine's libraries now hold memory outside the allocator
+    return engine
+
+
+def record_model_facts(store: RunStore, strategy_id: int, spec: RunSpec, engine, budget: GpuBudget | None) -> None:
     n_params, n_layers, d_model = model_numbers(engine.module)
     facts = ModelFacts(
         n_params,
@@ -84,30 +99,31 @@ def record_model_facts(store: RunStore, strategy_id: int, spec: RunSpec, engine)
         engine.pinned_swap_bytes(),
         device_memory_total(engine.ctx.device),
         psutil.virtual_memory().total,
+        budget.budget_bytes if budget else None,
     )
     now = time.time()
     store.add_events(strategy_id, 0, [(None, MODEL_FACTS_EVENT, now, now, json.dumps(asdict(facts)))])
 
 
-def _train(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
+def _train(spec, strategy, ctx, budget, store, strategy_id, run_dir, nvme_dir) -> None:
     with sampler_for(spec, ctx, run_dir, strategy_id, nvme_dir):
-        engine = build_engine(spec, strategy, ctx, nvme_dir)
+        engine = build_within(budget, spec, strategy, ctx, nvme_dir)
         if ctx.rank == 0:
-            record_model_facts(store, strategy_id, spec, engine)
+            record_model_facts(store, strategy_id, spec, engine, budget)
         source = TokenSource.for_run(spec)
         root = RunDir.at(run_dir).checkpoints(strategy.name) if spec.verify_checkpoint else None
         run_steps(engine, spec, source, store, strategy_id, StepWindow(1, spec.steps), checkpoint_root=root)
         engine.close()
 
 
-def _verify(spec, strategy, ctx, store, strategy_id, run_dir, nvme_dir) -> None:
+def _verify(spec, strategy, ctx, budget, store, strategy_id, run_dir, nvme_dir) -> None:
     """Restore at the world size torchrun gave; at another one than the run's, the same effective batch."""
     other_world = ctx.world_size != spec.nproc
     if other_world:
         spec = spec.model_copy(
             update={"grad_accum": spec.grad_accum * spec.nproc // ctx.world_size, "nproc": ctx.world_size}
         )
-    engine = build_engine(spec, strategy, ctx, nvme_dir)
+    engine = build_within(budget, spec, strategy, ctx, nvme_dir)
     source = TokenSource.for_run(spec)
     layout = RunDir.at(run_dir)
     check = restore_and_check(engine, layout.checkpoints(strategy.name), scratch=layout.scratch(strategy.name))
@@ -167,14 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     strategy = spec.get_strategy(args.strategy)
     strategy_id = store.strategy_id(run["id"], strategy.name)
     ctx = DistContext.from_env()
+    budget = GpuBudget.for_rank(spec.gpu_memory_limit_gib, ctx.device)
     # Before any engine is built: DeepSpeed binds torch.distributed's functions when it starts.
     CommMeter.install()
     try:
         (_train if args.mode == "train" else _verify)(
-            spec, strategy, ctx, store, strategy_id, args.run_dir, args.nvme_dir
+            spec, strategy, ctx, budget, store, strategy_id, args.run_dir, args.nvme_dir
         )
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then re-raised as an exit code
-        status, reason = classify_failure(exc, engine_class(strategy))
+        status, reason = classify_failure(exc, engine_class(strategy), budget)
         if args.mode == "verify":
             store.set_checkpoint_result(strategy_id, False, f"restore failed: {reason}")
         else:

@@ -1,0 +1,104 @@
+"""The GPU memory budget (issue 21): its arithmetic, how a run past it is read, and the spec and CLI paths.
+
+A budget cannot be enforced on this CPU-only machine (torch caps only the CUDA allocator): the GPU bench
+shows the enforcement (bench/results/2026-12-04-h200-s12).
+"""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+import torch
+from rich.console import Console
+
+from conftest import cli, write_spec
+from offloadlab.engines.base import Engine
+from offloadlab.plan.accounting import GiB, Machine
+from offloadlab.results.status import Status
+from offloadlab.run.runner import held_to_budget
+from offloadlab.spec import SpecError, load_spec
+from offloadlab.train.gpu_budget import GpuBudget, GpuBudgetError, allocator_cap_bytes, allocator_fraction
+from offloadlab.train.worker import classify_failure
+
+H200_BYTES = 150_754_820_096  # torch's total_memory of an H200
+CONTEXT_BYTES = 600 << 20  # about what the CUDA context and NCCL held there
+
+
+def test_the_allocator_is_capped_at_the_budget_less_what_lives_outside_it():
+    assert allocator_cap_bytes(24 * GiB, CONTEXT_BYTES) == 24 * GiB - CONTEXT_BYTES
+    fraction = allocator_fraction(24 * GiB, CONTEXT_BYTES, H200_BYTES)
+    assert fraction * H200_BYTES == pytest.approx(24 * GiB - CONTEXT_BYTES)
+    # More context means less for the allocator: the GPU as a whole stays within the budget.
+    assert allocator_fraction(24 * GiB, 2 * CONTEXT_BYTES, H200_BYTES) < fraction
+    assert allocator_fraction(200 * GiB, CONTEXT_BYTES, H200_BYTES) == 1.0
+
+
+def test_a_budget_below_the_gpus_fixed_costs_is_refused_with_the_fix():
+    with pytest.raises(GpuBudgetError, match=r"0\.50 GiB is smaller .* raise gpu_memory_limit_gib"):
+        allocator_cap_bytes(512 << 20, CONTEXT_BYTES)
+
+
+def test_nothing_is_held_without_a_budget_or_on_the_cpu():
+    assert GpuBudget.for_rank(None, torch.device("cpu")) is None
+    assert GpuBudget.for_rank(24, torch.device("cpu")) is None
+
+
+def test_going_past_the_budget_is_a_does_not_fit_that_names_the_budget():
+    budget = GpuBudget(24 * GiB, torch.device("cuda", 0))
+    oom = torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB of which "
+        "110.20 GiB is free. Of the allocated memory 22.1 GiB is allocated by PyTorch, and 23.40 GiB allowed"
+    )
+    status, reason = classify_failure(oom, Engine, budget)
+    assert status is Status.DOES_NOT_FIT
+    assert reason.startswith("GPU memory budget of 24 GiB exhausted: OutOfMemoryError: CUDA out of memory")
+    assert classify_failure(oom, Engine)[1].startswith("GPU memory exhausted")  # the whole GPU, no budget
+    status, reason = classify_failure(GpuBudgetError("a GPU memory budget of 0.50 GiB is smaller"), Engine, budget)
+    assert status is Status.DOES_NOT_FIT and "0.50 GiB" in reason
+
+
+@pytest.mark.parametrize(
+    "gpu_bytes, budget, expected_bytes, said",
+    [
+        (None, 24, None, "is not enforced: this machine has no CUDA GPU"),
+        (80 * GiB, 96, 80 * GiB, "is not below this GPU's 80.0 GiB: the whole GPU is used"),
+        (H200_BYTES, 24, 24 * GiB, "every rank is held to 24 GiB of its GPU's 140.4"),
+    ],
+)
+def test_the_fit_check_plans_against_the_budget_and_says_so(tmp_path, gpu_bytes, budget, expected_bytes, said):
+    spec = load_spec(write_spec(tmp_path, [dict(name="f", engine="fsdp2")], gpu_memory_limit_gib=budget))
+    console = Console(record=True, width=120)
+    machine = held_to_budget(spec, Machine(1, gpu_bytes, 64 * GiB, None), console)
+    assert machine.gpu_mem_bytes == expected_bytes
+    assert said in console.export_text()
+
+
+def test_the_spec_refuses_a_budget_of_nothing(tmp_path):
+    with pytest.raises(SpecError, match="gpu_memory_limit_gib: Input should be greater than 0"):
+        load_spec(write_spec(tmp_path, [dict(name="f", engine="fsdp2")], gpu_memory_limit_gib=0))
+
+
+@pytest.mark.slow
+def test_run_gpu_mem_is_recorded_in_the_store_and_plan_writes_the_budget_it_planned_for(tmp_path):
+    spec = write_spec(tmp_path, [dict(name="f", engine="fsdp2")], steps=2, verify_checkpoint=False, telemetry_hz=0)
+    run = cli("run", str(spec), "--gpu-mem", "24", "--out", str(tmp_path / "run"))
+    assert "gpu_memory_limit_gib = 24 is not enforced: this machine has no CUDA GPU" in run.stdout
+    assert tomllib.loads((tmp_path / "run" / "spec.toml").read_text())["gpu_memory_limit_gib"] == 24
+    # The planned spec carries the GPU size it was planned for, so its run is held to it.
+    out = tmp_path / "planned"
+    cli(
+        "plan",
+        "--model",
+        "tiny",
+        "--gpu-mem",
+        "24",
+        "--host-mem",
+        "64",
+        "--strategy",
+        "zero2-cpu",
+        "--write",
+        str(out),
+    )
+    assert load_spec(out / "zero2-cpu.toml").gpu_memory_limit_gib == 24
+    assert cli("run", str(spec), "--gpu-mem", "0", "--out", str(tmp_path / "r0"), check=False).returncode == 2
