@@ -416,3 +416,30 @@ def test_fsdp2_with_deepspeeds_cpu_adam_is_weighed_at_its_rate_and_a_specs_zenfl
     # ZenFlow keeps its selective AdamW's 16-bit moments for the top 10% of columns on the GPU.
     zero2 = predictions["zero2-cpu"]
     assert predictions["zf"].memory.gpu_bytes - zero2.memory.gpu_bytes == pytest.approx(4 * 0.1 * n)
+
+
+@pytest.mark.parametrize("overlap_step", [True, False])
+def test_zenflow_carries_a_quarter_of_the_cpu_update_a_step_and_overlaps_it_with_training(overlap_step):
+    shape, n = _shape("gpt-1.4b"), _shape("gpt-1.4b").n_params
+    settings = dict(topk_ratio=0.1, select_strategy="step", select_interval=4, update_interval=4)
+    zenflow = Placement(
+        DeepSpeedStrategy(
+            name="zf",
+            engine="deepspeed",
+            zero_stage=2,
+            offload_optimizer="cpu",
+            zenflow={**settings, "overlap_step": overlap_step},
+        )
+    )
+    zero2 = Placement(DeepSpeedStrategy(name="z2c", engine="deepspeed", zero_stage=2, offload_optimizer="cpu"))
+    bound, plain = step_time_bound(zenflow, shape, 1, LINKS), step_time_bound(zero2, shape, 1, LINKS)
+    cpu_update = 0.9 * n / LINKS.cpu_adam_params_per_s / 4 + 0.9 * n / LINKS.host_passes_params_per_s / 4
+    assert bound.parts["cpu_adam"] + bound.parts["host_passes"] == pytest.approx(cpu_update)
+    assert bound.parts["device_adam"] == pytest.approx(0.1 * n / LINKS.device_adam_params_per_s)  # every step
+    training = max(plain.parts[k] for k in ("compute", "pcie_h2d", "pcie_d2h"))
+    after_backward = bound.parts["device_adam"] + bound.parts["param_upload"]
+    if overlap_step:  # the CPU's update runs beside the next steps' forward and backward
+        assert bound.seconds == pytest.approx(max(training, cpu_update) + after_backward)
+    else:
+        assert bound.seconds == pytest.approx(training + cpu_update + after_backward)
+    assert bound.seconds < plain.seconds

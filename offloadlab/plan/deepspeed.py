@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from offloadlab.plan.accounting import Links, Memory, Placement, Shape, SwapBuffers, loss_bytes
+from offloadlab.spec import ZenFlowSettings
 
 # DeepSpeed's default reduce_bucket_size (offloadlab leaves it alone), in elements of the model's dtype.
 DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
@@ -267,16 +268,42 @@ def optimizer_phase(
             else {}
         )
     on_host = host_optimizer_share(p, shape, world) * on_rank
-    out = {"cpu_adam": on_host / links.cpu_adam_params_per_s, "host_passes": on_host / links.host_passes_params_per_s}
-    if on_host < on_rank and links.device_adam_params_per_s:
+    on_device = on_rank - on_host
+    # ZenFlow updates its top-k columns on the GPU every step and the rest on the CPU once every
+    # update_interval steps: a step carries that share of the CPU's update and of the upload after it.
+    every = 1
+    if p.strategy.zenflow is not None:
+        on_device = p.strategy.zenflow.topk_ratio * on_rank
+        on_host = on_rank - on_device
+        every = zenflow_update_interval(p.strategy.zenflow)
+    out = {
+        "cpu_adam": on_host / links.cpu_adam_params_per_s / every,
+        "host_passes": on_host / links.host_passes_params_per_s / every,
+    }
+    if on_device and links.device_adam_params_per_s:
         # The GPU's sub-groups are updated in the same loop, one sub-group after another, by torch's AdamW.
-        out["device_adam"] = (on_rank - on_host) / links.device_adam_params_per_s
+        out["device_adam"] = on_device / links.device_adam_params_per_s
     if p.strategy.offload_optimizer == "nvme":
         out["nvme_optimizer"] = swap_read / links.nvme_read + swap_write / links.nvme_write
     upload = param_upload_bytes(p, shape, world)
     if upload and links.pcie_h2d:
-        out["param_upload"] = upload / links.pcie_h2d
+        out["param_upload"] = upload / links.pcie_h2d / every
     return out
+
+
+def zenflow_update_interval(zenflow: ZenFlowSettings) -> int:
+    """Steps between ZenFlow's CPU updates; "auto" adapts at run time, so a bound takes every step."""
+    return zenflow.update_interval if isinstance(zenflow.update_interval, int) else 1
+
+
+def overlapped_with_training(p: Placement) -> tuple[str, ...]:
+    """The optimizer parts that run while the next steps' forward and backward do: ZenFlow's CPU update
+    with overlap_step. SuperOffload's overlap is not counted: it steps the CPU's sub-groups before the
+    gradient norm is known and steps again after a rollback when clipping (always on here) cuts in, and on
+    the H200 it ran slower than ZeRO-3 with the optimizer on the CPU (bench/results/2026-12-04-h200-s11)."""
+    if p.strategy.zenflow is not None and p.strategy.zenflow.overlap_step:
+        return ("cpu_adam", "host_passes")
+    return ()
 
 
 def when_host_ram_binds(p: Placement) -> list[Placement]:

@@ -72,6 +72,10 @@ def optimizer_phase(
     return {"device_adam": on_rank / links.device_adam_params_per_s} if links.device_adam_params_per_s else {}
 
 
+def overlapped_with_training(p: Placement) -> tuple[str, ...]:
+    return ()
+
+
 def when_host_ram_binds(p: Placement) -> list[Placement]:
     return []
 

@@ -53,7 +53,9 @@ def predict_memory(
 def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> StepBound:
     """Lower bound: compute (at the measured block rate), PCIe and parameter fetches overlap in forward and
     backward; the optimizer phase follows backward: Adam where the optimizer lives, on the host with the
-    two passes around it (or the NVMe swap where that is longer) and the updated parameters' upload."""
+    two passes around it (or the NVMe swap where that is longer) and the updated parameters' upload. An
+    engine that runs part of its optimizer beside the next steps' training (ZenFlow) has that part in the
+    overlapped maximum instead."""
     engine = engine_model(p)
     moved = engine.step_bytes(p, shape, world)
     tokens = shape.seq_len * shape.micro_batch * shape.grad_accum
@@ -70,15 +72,17 @@ def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> Ste
         if links.nvme_read is None:
             raise ValueError("an NVMe placement needs measured NVMe bandwidth")
         parts["nvme_params"] = param_nvme / links.nvme_read
-    overlapped = max(parts.values())
     optimizer = engine.optimizer_phase(p, shape, world, links, moved["nvme_read"] - param_nvme, moved["nvme_write"])
+    concurrent = engine.overlapped_with_training(p)
+    overlapped = max(*parts.values(), sum(v for k, v in optimizer.items() if k in concurrent))
     parts.update(optimizer)
-    host = optimizer.get("cpu_adam", 0.0) + optimizer.get("host_passes", 0.0)
+    after = {k: v for k, v in optimizer.items() if k not in concurrent}  # what follows backward
+    host = after.get("cpu_adam", 0.0) + after.get("host_passes", 0.0)
     seconds = (
         overlapped
-        + max(host, optimizer.get("nvme_optimizer", 0.0))
-        + optimizer.get("device_adam", 0.0)
-        + optimizer.get("param_upload", 0.0)
+        + max(host, after.get("nvme_optimizer", 0.0))
+        + after.get("device_adam", 0.0)
+        + after.get("param_upload", 0.0)
     )
     bottleneck = max(parts, key=parts.get)
     return StepBound(seconds, bottleneck, parts, moved)
