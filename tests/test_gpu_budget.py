@@ -6,7 +6,9 @@ shows the enforcement (bench/results/2026-12-04-h200-s12).
 
 from __future__ import annotations
 
+import tarfile
 import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,11 +18,17 @@ from conftest import cli, write_spec
 from offloadlab.engines.base import Engine
 from offloadlab.plan.accounting import GiB, Machine
 from offloadlab.results.status import Status
+from offloadlab.results.store import RunStore
+from offloadlab.results.summary import summarize
 from offloadlab.run.runner import held_to_budget
 from offloadlab.spec import SpecError, load_spec
 from offloadlab.train.gpu_budget import GpuBudget, GpuBudgetError, allocator_cap_bytes, allocator_fraction
 from offloadlab.train.worker import classify_failure
 
+REPO = Path(__file__).resolve().parents[1]
+# One H200 held to 24 GiB: ZeRO-3 and FSDP2 + DeepSpeed Adam with the optimizer on the CPU trained, FSDP2
+# without offload ran out of the budget; and FSDP2 alone held to 48 GiB, where it trained.
+BUDGET_RUNS = REPO / "bench/results/2026-12-04-h200-s12/budget_stores.tar.gz"
 H200_BYTES = 150_754_820_096  # torch's total_memory of an H200
 CONTEXT_BYTES = 600 << 20  # about what the CUDA context and NCCL held there
 
@@ -102,3 +110,21 @@ def test_run_gpu_mem_is_recorded_in_the_store_and_plan_writes_the_budget_it_plan
     )
     assert load_spec(out / "zero2-cpu.toml").gpu_memory_limit_gib == 24
     assert cli("run", str(spec), "--gpu-mem", "0", "--out", str(tmp_path / "r0"), check=False).returncode == 2
+
+
+def test_an_h200_run_held_to_24_gib_records_the_budget_and_what_did_not_fit_in_it(tmp_path):
+    with tarfile.open(BUDGET_RUNS) as tar:
+        tar.extractall(tmp_path, filter="data")
+    summaries = {s.name: s for s in summarize(RunStore(tmp_path / "b24"))}
+    assert summaries["fsdp2"].status is Status.DOES_NOT_FIT
+    assert summaries["fsdp2"].reason.startswith("GPU memory budget of 24 GiB exhausted: OutOfMemoryError")
+    for name in ("zero3-opt-cpu", "fsdp2-cpu-dsadam"):
+        trained = summaries[name]
+        assert trained.status is Status.DONE
+        assert trained.gpu_budget_bytes == trained.gpu_memory_bytes == 24 * GiB  # peaks are held to the budget
+        assert trained.peak_reserved_bytes < 24 * GiB
+    (alone,) = summarize(RunStore(tmp_path / "b48"))
+    assert alone.status is Status.DONE and alone.gpu_memory_bytes == 48 * GiB < alone.peak_reserved_bytes * 2
+    compare = cli("compare", str(tmp_path / "b24"))
+    assert "GPU memory budget 24.0 GiB a rank: GPU shares are of it" in compare.stdout
+    assert "does not fit (0/14)" in compare.stdout

@@ -2,9 +2,11 @@
 
 A GPU of G GiB holds the CUDA context, NCCL's buffers and the caching allocator's blocks. torch can cap only
 the allocator (`set_per_process_memory_fraction`), so its cap is G less what lives outside it, measured on
-this rank's GPU: once before the engine is built (the context) and again after (NCCL's communicators and
-whatever the engine's libraries took). An allocation past the cap raises torch's OutOfMemoryError, which
-the worker records as "does not fit" like any other.
+this rank's GPU: before the engine is built (the context), after (NCCL's communicators and whatever
+the engine's libraries took) and after the first step (cuBLAS's handles and workspaces). Each time the
+cap tightens by what appeared outside the allocator since; on the H200, 0.14 GiB appeared in the first step.
+An allocation past the cap raises torch's OutOfMemoryError, which the worker records as "does not fit"
+like any other.
 """
 
 from __future__ import annotations

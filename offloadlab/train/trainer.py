@@ -16,6 +16,7 @@ from offloadlab.spec import RunSpec
 from offloadlab.telemetry import probes
 from offloadlab.train.checkpoint import save_atomic
 from offloadlab.train.comm_meter import CommMeter
+from offloadlab.train.gpu_budget import GpuBudget
 from offloadlab.workload.data import TokenSource
 
 
@@ -34,6 +35,7 @@ def run_steps(
     strategy_id: int,
     window: StepWindow,
     checkpoint_root: Path | None = None,
+    budget: GpuBudget | None = None,
 ) -> list[StepRecord]:
     """Train steps window.first..window.last (1-based, inclusive); save after spec.save_step if asked."""
     ctx = engine.ctx
@@ -77,6 +79,8 @@ def run_steps(
             ],
         )
         records.append(record)
+        if budget and step == window.first:
+            budget.apply()  # the first step's cuBLAS handles and workspaces live outside the allocator too
         if checkpoint_root is not None and step == spec.save_step:
             t0 = time.time()
             save_atomic(engine, checkpoint_root, step)

@@ -112,7 +112,8 @@ def _train(spec, strategy, ctx, budget, store, strategy_id, run_dir, nvme_dir) -
             record_model_facts(store, strategy_id, spec, engine, budget)
         source = TokenSource.for_run(spec)
         root = RunDir.at(run_dir).checkpoints(strategy.name) if spec.verify_checkpoint else None
-        run_steps(engine, spec, source, store, strategy_id, StepWindow(1, spec.steps), checkpoint_root=root)
+        window = StepWindow(1, spec.steps)
+        run_steps(engine, spec, source, store, strategy_id, window, checkpoint_root=root, budget=budget)
         engine.close()
 
 
