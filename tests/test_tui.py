@@ -15,6 +15,7 @@ import re
 import signal
 import sqlite3
 import statistics
+import tarfile
 import time
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from offloadlab_tui.screens import DashboardScreen, RunsScreen, TuneScreen
 from offloadlab_tui.widgets import CompareTable, StrategyPanel, TuneHeatmap
 
 SIZE = (80, 24)
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -504,5 +506,31 @@ def test_the_comparison_table_stays_scrolled_across_polls(fixed_root):
             assert table.scroll_x == 40
             await pilot.pause(0.5)  # ten polls
             assert table.scroll_x == 40 and table.row_count == 3
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("size", [SIZE, (140, 48)])
+def test_panels_hold_each_peak_against_the_gpu_budget_and_the_ram(tmp_path, size):
+    """An H200 run held to 24 GiB (bench/results/2026-12-04-h200-s12): the GPU's reserve is shown against
+    the budget, not the 140 GiB card; the process tree's RSS against the host's RAM."""
+    with tarfile.open(REPO / "bench/results/2026-12-04-h200-s12/budget_stores.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    expected = {s.name: s for s in summarize(RunStore(tmp_path / "b24"))}
+
+    async def scenario():
+        app = make_app(root=tmp_path, run_dir=tmp_path / "b24", poll_s=0.2)
+        async with app.run_test(size=size) as pilot:
+            await wait_until(pilot, lambda: len(panels(app)) == 3)
+            for name in ("zero3-opt-cpu", "fsdp2-cpu-dsadam"):
+                s = expected[name]
+                gpu = f"{s.peak_reserved_bytes / s.gpu_budget_bytes:.0%}"
+                ram = f"{s.host_rss_peak_bytes / s.host_memory_bytes:.0%}"
+                assert text_of(panels(app)[name].query_one(".capacity")) == (
+                    f"GPU {human_bytes(s.peak_reserved_bytes)} {gpu} of 24.0 GiB budget · "
+                    f"RSS {human_bytes(s.host_rss_peak_bytes)} {ram} of {human_bytes(s.host_memory_bytes)} RAM"
+                )
+            # FSDP2 without offload ran out of the budget before a step: no peaks to hold against anything.
+            assert not panels(app)["fsdp2"].query_one(".capacity").display
 
     asyncio.run(scenario())

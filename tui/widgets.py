@@ -15,7 +15,7 @@ from offloadlab.results.status import Status
 from offloadlab.results.steps import PHASES
 from offloadlab.results.store import TunePoint
 from offloadlab.results.summary import StrategySummary
-from offloadlab.results.tables import ago, bound_by, fmt_or_dash, human_bytes, loss_deviation, stalls
+from offloadlab.results.tables import ago, bound_by, fmt_or_dash, human_bytes, loss_deviation, share, stalls
 
 from .reader import RunView, Series, StrategyView, TuneView
 
@@ -81,6 +81,20 @@ def phase_bar(s: StrategySummary) -> Text:
     return bar.append(" s")
 
 
+def capacity_line(s: StrategySummary) -> Text:
+    """Peaks against what holds them, as nvitop shows memory: the GPU's reserve against its memory (or the
+    budget the run was held to), the process tree's RSS against the host's RAM."""
+    parts = []
+    if s.peak_reserved_bytes and s.gpu_memory_bytes:
+        of = human_bytes(s.gpu_memory_bytes) + (" budget" if s.gpu_budget_bytes else "")
+        used = share(s.peak_reserved_bytes, s.gpu_memory_bytes)
+        parts.append(f"GPU {human_bytes(s.peak_reserved_bytes)} {used} of {of}")
+    if s.host_rss_peak_bytes and s.host_memory_bytes:
+        used = share(s.host_rss_peak_bytes, s.host_memory_bytes)
+        parts.append(f"RSS {human_bytes(s.host_rss_peak_bytes)} {used} of {human_bytes(s.host_memory_bytes)} RAM")
+    return Text(" · ".join(parts), style="dim")
+
+
 class StrategyPanel(Vertical):
     """One strategy: status and progress, then its series as sparklines."""
 
@@ -101,11 +115,13 @@ class StrategyPanel(Vertical):
         self.strategy_name = strategy_name
         self.heading = Static(classes="panel-title")
         self.phases = Static(classes="phases")
+        self.capacity = Static(classes="capacity")
         self.metrics = {key: MetricSpark(title, id=f"m-{key}") for key, title in self.METRICS}
 
     def compose(self) -> ComposeResult:
         yield self.heading
         yield self.phases
+        yield self.capacity
         with Grid(classes="metrics"):
             yield from self.metrics.values()
 
@@ -120,6 +136,9 @@ class StrategyPanel(Vertical):
         self.set_class(s.status in (Status.DOES_NOT_FIT, Status.FAILED), "-failed")
         self.phases.update(phase_bar(s))
         self.phases.display = s.phase_seconds is not None
+        capacity = capacity_line(s)
+        self.capacity.update(capacity)
+        self.capacity.display = bool(capacity.plain)
         no_gpu = "no GPU" if view.gpu_absent else "no data yet"
 
         self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s")
