@@ -185,9 +185,9 @@ def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, 
     """Model states, reduce buckets, pinned gradient and swap buffers of one rank (NVMe: of the host)."""
     m = model_states(p, shape, world)
     m.add("gpu", "gradient reduce buckets", reduce_bucket_bytes(p, shape, on_gpu))
-    if p.strategy.zero_stage == 3 and p.strategy.offload_optimizer == "nvme":
-        # ZeRO-3 reduces 16-bit gradients into a pinned buffer of the whole partition, which stays in RAM
-        # while the optimizer states are on NVMe (stage3's grad_partitions_flat_buffer).
+    if p.strategy.zero_stage == 3 and p.strategy.offload_optimizer != "none":
+        # ZeRO-3 reduces 16-bit gradients into a pinned buffer of the whole partition on the optimizer's
+        # device, the CPU for either offload (stage3's grad_partitions_flat_buffer), which stays in RAM.
         m.add("host_pinned", "gradient partitions (16-bit)", shape.param_bytes * math.ceil(shape.n_params / world))
     # ZeRO-1/2 build the fp32 model on the CPU first; ZeRO-3's zero.Init partitions it at construction.
     m.host_build_bytes = 0 if p.strategy.zero_stage == 3 else 4 * shape.n_params

@@ -10,7 +10,7 @@ from pathlib import Path
 import tomli_w
 from rich.table import Table
 
-from offloadlab.plan.accounting import HOST_BASELINE_BYTES, GiB, Links, Machine
+from offloadlab.plan.accounting import GiB, Links, Machine
 from offloadlab.plan.inputs import PlanInputs
 from offloadlab.plan.predict import Prediction
 from offloadlab.spec import RunSpec, load_spec
@@ -128,7 +128,7 @@ def breakdown_table(x: Prediction) -> Table:
     for where, label in places.items():
         for what, nbytes in getattr(x.memory, where).items():
             table.add_row(label, what, f"{nbytes / GiB:.2f}")
-    table.add_row("host", "runtime (Python, torch)", f"{HOST_BASELINE_BYTES / GiB:.2f}")
+    table.add_row("host", "runtime (Python, torch, CUDA)", f"{x.memory.runtime_bytes / GiB:.2f}")
     if x.memory.host_build_bytes:
         table.add_row(
             "host",

@@ -14,6 +14,7 @@ from types import ModuleType
 from offloadlab.plan import deepspeed, fsdp2
 from offloadlab.plan.accounting import (
     GPU_USABLE_SHARE,
+    HOST_BASELINE_CUDA_BYTES,
     GiB,
     Links,
     Machine,
@@ -47,6 +48,8 @@ def predict_memory(
 ) -> Memory:
     m = engine_model(p).memory(p, shape, world, buffers, on_gpu)
     m.add("gpu_turn", "activations", activation_bytes(shape, p.activation_checkpointing))
+    if on_gpu:
+        m.runtime_bytes = HOST_BASELINE_CUDA_BYTES
     return m
 
 
@@ -137,7 +140,7 @@ def plan(
     also: tuple[Placement, ...] = (),
 ) -> list[Prediction]:
     """Every placement, with and without activation checkpointing where the plain one does not fit, plus a
-    partial optimizer offload (ratio) when the GPU holds part of the optimizer; feasible ones fastest first.
+    partial optimizer offload (ratio) when the GPU can hold part of the optimizer; feasible ones fastest first.
     `also`: placements a spec names beyond the candidates (ZenFlow, SuperOffload, tuned variants)."""
     out = []
     for p in candidate_placements() + list(also):
@@ -150,7 +153,9 @@ def plan(
         if not pred.fits and pred.binding.startswith("host RAM"):
             pred = _first_fitting(engine_model(p).when_host_ram_binds(p), shape, machine, links, buffers) or pred
         out.append(pred)
-        if pred.fits and machine.gpu_mem_bytes is not None:
+        # Keeping part of the optimizer on a GPU with room to spare speeds a fitting placement up, and
+        # rescues one that host RAM cannot hold.
+        if (pred.fits or pred.binding.startswith("host RAM")) and machine.gpu_mem_bytes is not None:
             world = max(1, machine.gpus)
             spare = GPU_USABLE_SHARE * machine.gpu_mem_bytes - pred.memory.gpu_bytes
             partial = engine_model(p).partial_offloads(pred.placement, shape, world, spare)
