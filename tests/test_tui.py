@@ -534,3 +534,33 @@ def test_panels_hold_each_peak_against_the_gpu_budget_and_the_ram(tmp_path, size
             assert not panels(app)["fsdp2"].query_one(".capacity").display
 
     asyncio.run(scenario())
+
+
+def test_the_tune_screen_keeps_deepspeeds_default_in_view(tmp_path):
+    """An H200 quick tune (session 12) whose DeepSpeed default ranks 26th of 48 and loses its cell to a
+    better single_submit/overlap_events variant: it used to appear nowhere on the screen."""
+    with tarfile.open(REPO / "bench/results/2026-12-04-h200-s12/zero3-nvme-tuned.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    tune_dir = tmp_path / "zero3-nvme-tuned/work/tune"
+    store = RunStore(tune_dir)
+    points = store.tune_points(store.run()["id"])
+    default = next(p for p in points if p.is_deepspeed_default)
+    assert points.index(default) >= 8  # not among the leading points
+
+    async def scenario():
+        app = make_app(root=tmp_path, run_dir=tune_dir, poll_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await go(pilot, "t", TuneScreen)
+            heatmap = app.screen.query_one(TuneHeatmap)
+            await wait_until(pilot, lambda: heatmap.row_count > 0)
+            while app.screen.threads != default.aio.intra_op_parallelism:
+                await pilot.press("right_square_bracket")
+            row = next(r for r in range(heatmap.row_count) if str(heatmap.get_row_at(r)[0]) == "1M")
+            depths = [str(c.label) for c in heatmap.columns.values()]
+            cell = str(heatmap.get_row_at(row)[depths.index(str(default.aio.queue_depth))])
+            assert cell.strip().endswith("d"), cell
+            top = app.screen.query_one("#top-points", DataTable)
+            labels = [str(top.get_row_at(r)[0]) for r in range(top.row_count)]
+            assert top.row_count == 8 and labels[-1].startswith("bs=1M qd=8 t=1 ss=0 ov=1"), labels
+
+    asyncio.run(scenario())

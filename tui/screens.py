@@ -142,8 +142,8 @@ class TuneScreen(PollingScreen):
     """The aio sweep as a heatmap per thread count, with the leading points."""
 
     BINDINGS = [
-        ("left_square_bracket", "threads(-1)", "fewer threads"),
-        ("right_square_bracket", "threads(1)", "more threads"),
+        ("left_square_bracket", "threads(-1)", "threads -"),
+        ("right_square_bracket", "threads(1)", "threads +"),
     ]
 
     def __init__(self, **kwargs):
