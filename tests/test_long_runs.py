@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import copy_store
 from offloadlab.results.rundir import DB_NAME
+from offloadlab.results.steps import FollowedStrategy
 from offloadlab.results.store import RunStore
 from offloadlab.results.summary import SummaryCache, summarize
 
@@ -80,3 +82,17 @@ def _same(a, b, when: str) -> bool:
         close = value == pytest.approx(other, rel=1e-12) if isinstance(value, float) else value == other
         assert close, f"{a.name} at {when}: {key} {value} != {other}"
     return True
+
+
+def test_a_strategy_run_without_the_sampler_has_its_steps_measured_once(h200_store, tmp_path):
+    """telemetry_hz = 0 writes no samples: every step used to wait for samples past its end, so each poll
+    of a live run recomputed all of its steps."""
+    run_dir = copy_store(h200_store, tmp_path / "unsampled")
+    with sqlite3.connect(run_dir / DB_NAME) as conn:
+        conn.execute("DELETE FROM samples")
+    store = RunStore(run_dir)
+    strategy = store.strategies(store.run()["id"])[0]
+    followed = FollowedStrategy(strategy["id"])
+    followed.update(store, finished=False)  # as while the run is live
+    steps = store.steps(strategy["id"], rank=0)
+    assert len(followed.telemetry) == len(steps) and not followed._open

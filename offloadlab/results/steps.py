@@ -180,7 +180,8 @@ class FollowedStrategy:
                 pcie_tx_bytes_per_s=tx.mean_in(s.t_start, s.t_end),
                 pcie_rx_bytes_per_s=rx.mean_in(s.t_start, s.t_end),
             )
-            if finished or newest > s.t_end:
+            # No sample at all: the sampler is off (it starts before the engine is built), so none will come.
+            if finished or newest > s.t_end or newest == -math.inf:
                 self.telemetry[s.step] = figures
             else:
                 self._open[s.step] = figures
