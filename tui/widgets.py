@@ -98,7 +98,8 @@ def capacity_line(s: StrategySummary) -> Text:
 class StrategyPanel(Vertical):
     """One strategy: status and progress, then its series as sparklines."""
 
-    view: reactive[StrategyView | None] = reactive(None, always_update=True, init=False)
+    # Redrawn only when the view differs: an unchanged panel repainted every poll cost most of a poll's CPU.
+    view: reactive[StrategyView | None] = reactive(None, init=False)
 
     METRICS = (
         ("step", "step time"),
@@ -210,7 +211,8 @@ class CompareTable(DataTable):
         # clear and refill every poll snapped it back to the left).
         for name, cells in rows.items():
             for column, cell in zip(self.columns, cells):
-                self.update_cell(name, column, cell)
+                if self.get_cell(name, column) != cell:  # an unchanged cell is not repainted
+                    self.update_cell(name, column, cell)
 
     @staticmethod
     def _cells(s: StrategySummary) -> list:
