@@ -13,7 +13,16 @@ import typing
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 
 class SpecError(ValueError):
@@ -193,6 +202,9 @@ class DeepSpeedStrategy(_Strict):
     zenflow: ZenFlowSettings | None = None
     """DeepSpeed's ZenFlow (optimizer on the CPU): a [strategy.zenflow] table turns it on."""
     aio: AioSettings = AioSettings()
+    tuned_drive_gbps: tuple[PositiveFloat, PositiveFloat] | None = None
+    """(read, write) GB/s `offloadlab tune` measured on the drive with these aio settings: taken from a
+    `tuned` fragment's [measured], and what `compare` holds the run's NVMe rates against."""
 
     @model_validator(mode="after")
     def _placement(self) -> "DeepSpeedStrategy":
@@ -444,6 +456,9 @@ def apply_tuned(strategy: dict, base: Path) -> dict:
         raise SpecError(f"tuned fragment {path}: unknown table(s) {', '.join(sorted(unknown))}")
     merged = {**fragment.get("swap_buffers", {}), **strategy}
     merged["aio"] = {**fragment.get("aio", {}), **strategy.get("aio", {})}
+    measured = fragment.get("measured", {})
+    if "read_gbps" in measured and "write_gbps" in measured:
+        merged.setdefault("tuned_drive_gbps", [measured["read_gbps"], measured["write_gbps"]])
     return merged
 
 

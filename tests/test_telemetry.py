@@ -4,19 +4,23 @@ NVML is absent on this machine: GPU fields are faked behind the sampler's `GpuRe
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sqlite3
 import statistics
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+from rich.console import Console
 
-from conftest import cli, write_spec
+from conftest import cli, copy_store, write_spec
 from offloadlab.results.steps import CumulativeSeries, SampledSeries
-from offloadlab.results.store import RunStore, StepRecord
+from offloadlab.results.store import DB_NAME, RunStore, StepRecord
 from offloadlab.results.summary import summarize
+from offloadlab.results.tables import compare_table
 from offloadlab.spec import ModelSpec
 from offloadlab.telemetry.block_devices import read_diskstats, resolve_block_devices
 from offloadlab.telemetry.sampler import GPU_FIELDS, NvmlReader, Sampler, SamplerProcess
@@ -238,3 +242,25 @@ def test_steps_after_one_already_read_are_the_new_ones_only(tmp_path):
     assert [r.step for r in store.steps(strategy_id, after_step=3)] == [4, 5]
     assert [r.step for r in store.steps(strategy_id)] == [1, 2, 3, 4, 5]
     assert store.steps(strategy_id, after_step=5) == []
+
+
+def test_compare_holds_nvme_traffic_against_the_rates_the_tune_measured(swapping_run, tmp_path):
+    """A strategy run with a tune's fragment carries the drive's measured rates; compare (from 200 columns,
+    and its JSON) says what share of them each step's NVMe traffic used. Here the real swapping run's zero3-nvme
+    is given the rates a tune would have recorded."""
+    run_dir = copy_store(swapping_run, tmp_path / "run")
+    with sqlite3.connect(run_dir / DB_NAME) as conn:
+        (config,) = conn.execute("SELECT config_json FROM strategies WHERE name = 'zero3-nvme'").fetchone()
+        conn.execute(
+            "UPDATE strategies SET config_json = ? WHERE name = 'zero3-nvme'",
+            (json.dumps({**json.loads(config), "tuned_drive_gbps": [0.5, 0.25]}),),
+        )
+    rows = {r["name"]: r for r in json.loads(cli("compare", str(run_dir), "--json").stdout)}
+    nvme = rows["zero3-nvme"]
+    read, write = (nvme[f"disk_{k}_bytes_per_step"] / nvme["median_step_time_s"] / 1e9 for k in ("read", "write"))
+    assert nvme["nvme_gbps"] == pytest.approx([read, write]) and nvme["tuned_drive_gbps"] == [0.5, 0.25]
+    assert rows["fsdp2-cpu-offload"]["nvme_gbps"] is None  # nothing on the drive
+    console = Console(width=240, record=True)  # the 200-column layout (a pipe lays out for 180 at most)
+    console.print(compare_table(run_dir, summarize(RunStore(run_dir)), 200))
+    table = console.export_text()
+    assert f"{read:.2f} / {write:.2f}" in table and f"{read / 0.5:.0%} / {write / 0.25:.0%}" in table

@@ -79,6 +79,8 @@ def test_a_run_spec_including_the_fragment_hands_deepspeed_the_tuned_values(tune
     # The fragment sized the buffers; a key the strategy sets itself wins.
     assert config["zero_optimization"]["offload_param"]["buffer_size"] == 16384
     assert config["zero_optimization"]["offload_param"]["buffer_count"] == 7
+    # The drive's rates come along, for compare to hold the run's NVMe traffic against.
+    assert spec.strategy[0].tuned_drive_gbps == pytest.approx((result["read_gbps"], result["write_gbps"]), abs=1e-3)
 
 
 def test_tune_results_are_in_the_run_store(tuned):

@@ -72,9 +72,19 @@ class StrategySummary:
     practicality_baseline: str | None = None
     """Whose tokens/s practicality is over: a strategy of this run, or "RUN/STRATEGY" of a run stored beside
     it (same model, batch, precision and GPU) when this one has no strategy without offload."""
+    tuned_drive_gbps: tuple[float, float] | None = None
+    """(read, write) GB/s the tune measured on the drive, for a strategy run with its `tuned` fragment."""
     phase_seconds: dict[str, float] | None = None
     """Mean seconds of a steady step in each of steps.PHASES and "other" (the rest of the step: data,
     hooks, waits outside the timed phases), rank 0; None without phase events."""
+
+    @property
+    def nvme_gbps(self) -> tuple[float, float] | None:
+        """(read, write) GB/s the strategy's processes moved over a median step, NVMe strategies only."""
+        if not self.median_step_time_s or not (self.disk_read_bytes_per_step or self.disk_write_bytes_per_step):
+            return None
+        step = self.median_step_time_s * 1e9
+        return (self.disk_read_bytes_per_step or 0.0) / step, (self.disk_write_bytes_per_step or 0.0) / step
 
     @property
     def bound_by(self) -> tuple[str, float] | None:
@@ -87,7 +97,11 @@ class StrategySummary:
 
     def as_dict(self) -> dict:
         bound = self.bound_by
-        return {**asdict(self), "bound_by": None if bound is None else {"phase": bound[0], "share": bound[1]}}
+        return {
+            **asdict(self),
+            "bound_by": None if bound is None else {"phase": bound[0], "share": bound[1]},
+            "nvme_gbps": self.nvme_gbps,
+        }
 
 
 def _max_or_none(values: list[int | None]) -> int | None:
@@ -263,6 +277,7 @@ def _summary(row, status: Status, reason: str | None, followed: FollowedStrategy
         first_loss=rank0[0].loss if rank0 else None,
         last_loss=rank0[-1].loss if rank0 else None,
         phase_seconds=_phase_seconds(followed, steady),
+        tuned_drive_gbps=getattr(strategy, "tuned_drive_gbps", None),
     )
 
 

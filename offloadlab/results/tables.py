@@ -59,6 +59,15 @@ def share(used: float | None, capacity: float | None) -> str:
     return "-" if not used or not capacity else f"{used / capacity:.0%}"
 
 
+def nvme_against_tuned(s: StrategySummary) -> tuple[str, str]:
+    """("read / write" GB/s over a step, each as a share of what the tune measured on the drive)."""
+    rates = s.nvme_gbps
+    if rates is None:
+        return "-", "-"
+    shares = "-" if s.tuned_drive_gbps is None else " / ".join(map(share, rates, s.tuned_drive_gbps))
+    return f"{rates[0]:.2f} / {rates[1]:.2f}", shares
+
+
 def bound_by(s: StrategySummary) -> str:
     """Where the step goes: "optimizer 84%"."""
     if s.bound_by is None:
@@ -146,6 +155,7 @@ COLUMNS = (
         lambda s: _two(human_bytes(s.comm_bytes_per_step), fmt_or_dash(s.comm_seconds_per_step, "{:.3f}")),
         200,
     ),
+    Column("NVMe GB/s\nof tuned", lambda s: _two(*nvme_against_tuned(s)), 200),
     Column(
         "SSD writes\n/10k steps",
         lambda s: human_bytes(None if s.disk_write_bytes_per_step is None else 1e4 * s.disk_write_bytes_per_step),
@@ -167,7 +177,8 @@ def compare_table(
 ) -> Table:
     """The strategies side by side, with the columns a terminal `width` wide has room for: the step, the
     throughput and memory always; stalls, MFU, loss, where the step goes and NVMe from 120; GPU idle,
-    reserved, memory against the GPU's and the host's and PCIe from 160; comm and SSD wear from 200.
+    reserved, memory against the GPU's and the host's and PCIe from 160; comm, NVMe GB/s against the
+    tune's and SSD wear from 200.
     `state`, said in the title: a run that has not finished, and its last update."""
     # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
     columns = [c for c in COLUMNS if width >= c.width]
