@@ -6,6 +6,7 @@ shows the enforcement (bench/results/2026-12-04-h200-s12).
 
 from __future__ import annotations
 
+import json
 import tarfile
 import tomllib
 from pathlib import Path
@@ -128,3 +129,13 @@ def test_an_h200_run_held_to_24_gib_records_the_budget_and_what_did_not_fit_in_i
     compare = cli("compare", str(tmp_path / "b24"))
     assert "GPU memory budget 24.0 GiB a rank: GPU shares are of it" in compare.stdout
     assert "does not fit (0/14)" in compare.stdout
+
+
+@pytest.mark.slow
+def test_plan_plans_for_the_specs_budget_unless_told_there_is_no_gpu(tmp_path):
+    spec = write_spec(tmp_path, [dict(name="f", engine="fsdp2")], gpu_memory_limit_gib=24)
+    planned = json.loads(cli("plan", str(spec), "--host-mem", "64", "--json").stdout)
+    assert planned["machine"]["gpu_mem_bytes"] == 24 * GiB
+    # --gpu-mem 0 means no GPU: the spec's budget must not bring one back.
+    planned = json.loads(cli("plan", str(spec), "--gpu-mem", "0", "--host-mem", "64", "--json").stdout)
+    assert planned["machine"]["gpu_mem_bytes"] is None

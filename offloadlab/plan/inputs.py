@@ -146,7 +146,9 @@ class PlanInputs:
         cfg = compute_stand_in(spec)
         shape = shape_of_spec(spec)
         gpus = r.gpus or (spec.nproc if r.spec_path else None)
-        machine = detect_machine(gpus, r.gpu_mem_gib or spec.gpu_memory_limit_gib, r.host_mem_gib, nvme_path)
+        # --gpu-mem 0 (no GPU) wins over the spec's budget; once given, the spec already holds any other size.
+        gpu_mem_gib = 0 if r.gpu_mem_gib == 0 else spec.gpu_memory_limit_gib
+        machine = detect_machine(gpus, gpu_mem_gib, r.host_mem_gib, nvme_path)
         tuned_dir = r.tuned_dir or _newest_tune()
         links = links or measure_links(spec, cfg, machine, nvme_path, tuned_dir, console)
         if r.tflops:
