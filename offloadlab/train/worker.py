@@ -36,7 +36,7 @@ from offloadlab.telemetry.probes import device_memory_total, device_name
 from offloadlab.telemetry.sampler import SamplerProcess
 from offloadlab.train.checkpoint import restore_and_check
 from offloadlab.train.comm_meter import CommMeter
-from offloadlab.train.gpu_budget import GpuBudget, GpuBudgetError
+from offloadlab.train.gpu_budget import GiB, GpuBudget, GpuBudgetError
 from offloadlab.train.trainer import StepWindow, run_steps
 from offloadlab.workload.data import TokenSource
 from offloadlab.workload.model import model_numbers
@@ -57,7 +57,7 @@ def classify_failure(exc: BaseException, engine: type[Engine], budget: GpuBudget
     if isinstance(exc, GpuBudgetError):
         return Status.DOES_NOT_FIT, str(exc)
     if budget is not None and "out of memory" in str(exc).lower():
-        return Status.DOES_NOT_FIT, f"GPU memory budget of {budget.budget_bytes / 2**30:g} GiB exhausted: {text}"
+        return Status.DOES_NOT_FIT, f"GPU memory budget of {budget.budget_bytes / GiB:g} GiB exhausted: {text}"
     if isinstance(exc, MemoryError) or "can't allocate memory" in str(exc) or "DefaultCPUAllocator" in str(exc):
         return Status.DOES_NOT_FIT, f"host RAM exhausted: {text}"
     if "out of memory" in str(exc).lower():  # torch.OutOfMemoryError, and CUDA's own message
