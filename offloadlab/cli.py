@@ -240,6 +240,8 @@ def tune(
         spec = load_spec(spec_path) if spec_path else None
         nvme_strategy = _nvme_param_strategy(spec) if spec else None
         tuner = Tuner(nvme_path, workload, settings, announce_build=announce_on(console))
+        # Checked before the folder is made: a bad drive or a Ctrl-C while the op loads leaves nothing to undo.
+        tuner.preflight()
         if not out_dir.root.exists():
             out_dir.root.mkdir(parents=True)
             made.append(out_dir.root)

@@ -208,8 +208,10 @@ class Tuner:
         self.results: dict[AioSettings, PointResult] = {}
         self.measurements = 0
         self.work_dir: Path | None = None
+        self.checked = False
 
     def preflight(self) -> None:
+        """Checks the drive and loads the aio op; the CLI calls it before it makes any file."""
         check_directory(self.path, "--nvme")
         check_direct_io(self.path, "--nvme")
         # Two probe files of io_size live at once (aio and the O_DIRECT baseline), never together with
@@ -219,9 +221,11 @@ class Tuner:
         check_pinned_memory(self.settings.io_size)
         # The largest point: 256 queued events for each of 8 threads.
         check_aio_contexts(256 * max(self.settings.coarse_threads) * 2)
+        self.checked = True
 
     def run(self) -> TuneResult:
-        self.preflight()
+        if not self.checked:
+            self.preflight()
         start = time.perf_counter()
         self.work_dir = self.path / f"{WORK_PREFIX}{uuid.uuid4().hex[:8]}"
         self.work_dir.mkdir()
