@@ -118,6 +118,12 @@ def main() -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="Hold every rank to a GPU of this many GiB (the spec's gpu_memory_limit_gib).",
 )
+@click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(path_type=Path),
+    help="`offloadlab plan SPEC --json` output: show the measured step, memory and PCIe against it.",
+)
 def run(
     spec_path: Path,
     out: Path | None,
@@ -128,6 +134,7 @@ def run(
     master_port: int,
     force: bool,
     gpu_mem: float | None,
+    plan_path: Path | None,
 ) -> None:
     """Train every strategy of SPEC_PATH side by side, verify checkpoints, and print the comparison."""
     import sqlite3
@@ -140,7 +147,7 @@ def run(
         if gpu_mem is not None:
             spec = spec.model_copy(update={"gpu_memory_limit_gib": gpu_mem})
         run_dir = run_spec(
-            spec, out, Launch(nnodes, node_rank, master_addr, master_port), console, keep_checkpoints, force
+            spec, out, Launch(nnodes, node_rank, master_addr, master_port), console, keep_checkpoints, force, plan_path
         )
     except SpecError as err:
         _fail(str(err))

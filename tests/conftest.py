@@ -7,6 +7,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -38,6 +39,32 @@ def write_spec(folder: Path, strategies: list[dict], **overrides) -> Path:
     path = folder / "spec.toml"
     path.write_text(tomli_w.dumps(raw))
     return path
+
+
+def flat(text: str) -> str:
+    """Output with rich's line wrapping undone, so a message is found whatever the terminal width."""
+    return " ".join(text.replace("│", " ").split())
+
+
+def h200_budget_run_with_its_plan(tmp_path: Path) -> tuple[Path, dict]:
+    """Session 12's H200 run held to 24 GiB, with the plan made for it on that machine attached as
+    `run --plan` attaches one; returns the run folder and the plan's figures by strategy."""
+    from offloadlab.plan.output import planned_for_spec
+    from offloadlab.results.summary import record_plan
+    from offloadlab.run.preflight import preflight_run
+    from offloadlab.spec import load_spec
+
+    results = REPO / "bench/results/2026-12-04-h200-s12"
+    with tarfile.open(results / "budget_stores.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    run_dir = tmp_path / "b24"
+    spec = load_spec(run_dir / "spec.toml")
+    planned = planned_for_spec(results / "plan_24.json", spec, preflight_run(spec, tmp_path / "unused"))
+    store = RunStore(run_dir, writable=True)
+    for row in store.strategies(store.run()["id"]):
+        record_plan(store, row["id"], planned[row["name"]])
+    store.close()
+    return run_dir, planned
 
 
 def copy_store(source_run_dir: Path, dest_run_dir: Path) -> Path:
@@ -88,9 +115,11 @@ STRATEGIES = [
 
 @pytest.fixture(scope="session")
 def world1(tmp_path_factory, nvme_root) -> Path:
+    """Every test strategy on one rank, run against the plan made for it (`plan --json`, then `run --plan`)."""
     folder = tmp_path_factory.mktemp("world1")
     spec = write_spec(folder, STRATEGIES, nvme_path=str(nvme_root))
-    cli("run", str(spec), "--out", str(folder / "run"))
+    (folder / "plan.json").write_text(cli("plan", str(spec), "--json").stdout)
+    cli("run", str(spec), "--out", str(folder / "run"), "--plan", str(folder / "plan.json"))
     return folder / "run"
 
 

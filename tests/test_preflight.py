@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, write_spec
+from conftest import cli, flat, write_spec
 from offloadlab.checks.host import PreflightError, check_direct_io, check_directory, check_free_disk
 from offloadlab.run.preflight import check_disk_for_run
 from offloadlab.spec import load_spec
@@ -95,3 +95,22 @@ def test_run_counts_the_checkpoint_beside_the_swap_folder_on_one_drive(tmp_path)
         )
     )
     check_disk_for_run(without_check, tmp_path / "run", n_params)  # the swap folder alone fits
+
+
+@pytest.mark.slow
+def test_run_refuses_a_plan_that_is_not_of_its_spec_before_any_work(tmp_path):
+    """`run --plan` takes `offloadlab plan SPEC --json` output; another file, another model's plan, or one
+    without the spec's strategies is refused, naming the command that makes the right one."""
+    spec = write_spec(tmp_path, [NVME_STRATEGY], nvme_path=str(tmp_path))
+    (tmp_path / "other").mkdir()
+    other = write_spec(tmp_path / "other", [NVME_STRATEGY], nvme_path=str(tmp_path), seq_len=64)
+    (tmp_path / "other.json").write_text(cli("plan", str(other), "--json").stdout)
+    (tmp_path / "table.txt").write_text("a table, not JSON")
+    for given, said in (
+        ("table.txt", "is not the JSON of 'offloadlab plan --json'"),
+        ("other.json", "is of another model or batch (seq_len 64 in the plan, 32 here)"),
+    ):
+        proc = cli("run", str(spec), "--out", str(tmp_path / "run"), "--plan", str(tmp_path / given), check=False)
+        assert proc.returncode == 2, proc.stdout
+        assert said in flat(proc.stdout) and "write it with 'offloadlab plan SPEC --json >" in flat(proc.stdout)
+    assert not (tmp_path / "run").exists()

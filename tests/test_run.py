@@ -77,6 +77,24 @@ def test_compare_prints_the_table_and_json(world1):
     assert practicality["fsdp2"] == 1.0 and all(p > 0 for p in practicality.values())
 
 
+def test_a_run_given_its_plan_holds_each_step_against_the_plans(world1):
+    from rich.console import Console
+
+    from offloadlab.results.tables import compare_table
+
+    predicted = {x["strategy"]: x for x in json.loads((world1.parent / "plan.json").read_text())["predictions"]}
+    rows = json.loads(cli("compare", str(world1), "--json").stdout)
+    for r in rows:
+        assert r["planned"]["step_s"] == predicted[r["name"]]["step_bound_s"] > 0
+        assert r["planned"]["gpu_bytes"] == predicted[r["name"]]["gpu_bytes"]
+        assert r["step_against_plan"] == pytest.approx(r["mean_step_time_s"] / r["planned"]["step_s"])
+        assert r["planned"]["pcie_link_gbps"] is None  # no GPU here: the plan measured no link
+    console = Console(width=200, record=True)
+    console.print(compare_table(world1, summarize(RunStore(world1)), 200))
+    table = console.export_text()
+    assert "step/plan" in table and f"{rows[0]['step_against_plan']:.2f}x" in table
+
+
 def test_two_ranks_over_gloo_match_one_rank_with_twice_the_accumulation(world1, world2):
     one, two = _losses(world1), _losses(world2)
     summaries = {s.name: s for s in summarize(RunStore(world2))}

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import CTRL_C_EXIT, REPO, STRATEGIES, cli, start_cli, wait_for_worker, write_spec
+from conftest import CTRL_C_EXIT, REPO, STRATEGIES, cli, flat, start_cli, wait_for_worker, write_spec
 from offloadlab.checks import host as preflight
 from offloadlab.results.rundir import RunDir, RunDirError
 from offloadlab.results.store import DB_NAME, RunStore
@@ -26,11 +26,6 @@ from offloadlab.results.summary import summarize
 
 OFFLOADLAB = str(Path(sys.executable).parent / "offloadlab")  # the console script, as a user starts it
 FSDP2 = dict(name="fsdp2", engine="fsdp2")
-
-
-def flat(text: str) -> str:
-    """Output with rich's line wrapping undone, so a message is found whatever the terminal width."""
-    return " ".join(text.replace("│", " ").split())
 
 
 def _worker_pids(run_dir: Path) -> list[int]:

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from rich.console import Console
 
-from conftest import cli, copy_store, write_spec
+from conftest import cli, copy_store, h200_budget_run_with_its_plan, write_spec
 from offloadlab.results.steps import CumulativeSeries, SampledSeries
 from offloadlab.results.store import DB_NAME, RunStore, StepRecord
 from offloadlab.results.summary import summarize
@@ -197,8 +197,20 @@ def test_report_has_a_chart_per_strategy_and_metric(swapping_run):
         assert header in page, header
     assert page.count("<td>done</td>") == 2 and page.count("<td>verified</td>") == 2
     # Legends name the strategies (loss) and the lines (read / write); host RSS is drawn against the RAM.
-    for label in ("zero3-nvme", "fsdp2-cpu-offload", "read", "write", "capacity", "stall line", "optimizer"):
+    for label in ("zero3-nvme", "fsdp2-cpu-offload", "read", "write", "RAM", "stall line", "optimizer"):
         assert f"<!-- {label} -->" in page, label
+
+
+def test_the_report_draws_the_budget_the_link_and_the_plan_of_an_h200_run(tmp_path):
+    """Session 12's H200 run held to 24 GiB, with its plan attached: GPU memory is drawn against the budget,
+    PCIe against the link the plan measured, and the table holds each step against the plan's."""
+    run_dir, planned = h200_budget_run_with_its_plan(tmp_path)
+    cli("report", str(run_dir))
+    page = (run_dir / "report.html").read_text()
+    for label in ("budget", "link to GPU (plan)", "link to host (plan)", "step/plan"):
+        assert label in page, label
+    s = next(s for s in summarize(RunStore(run_dir)) if s.name == "zero3-opt-cpu")
+    assert f"{s.mean_step_time_s / planned['zero3-opt-cpu'].step_s:.2f}x" in page
 
 
 @pytest.mark.slow

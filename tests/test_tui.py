@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Sparkline, Static
 
-from conftest import cli, copy_store, wait_for_worker
+from conftest import cli, copy_store, h200_budget_run_with_its_plan, wait_for_worker
 from offloadlab.results.rundir import RunDir
 from offloadlab.results.store import DB_NAME, RunStore, StepRecord, TunePoint
 from offloadlab.results.summary import summarize
@@ -511,12 +511,13 @@ def test_the_comparison_table_stays_scrolled_across_polls(fixed_root):
 
 
 @pytest.mark.parametrize("size", [SIZE, (140, 48)])
-def test_panels_hold_each_peak_against_the_gpu_budget_and_the_ram(tmp_path, size):
-    """An H200 run held to 24 GiB (bench/results/2026-12-04-h200-s12): the GPU's reserve is shown against
-    the budget, not the 140 GiB card; the process tree's RSS against the host's RAM."""
-    with tarfile.open(REPO / "bench/results/2026-12-04-h200-s12/budget_stores.tar.gz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    expected = {s.name: s for s in summarize(RunStore(tmp_path / "b24"))}
+def test_panels_hold_each_peak_against_the_gpu_budget_the_ram_the_link_and_the_plan(tmp_path, size):
+    """An H200 run held to 24 GiB (bench/results/2026-12-04-h200-s12), with the plan made for it on the same
+    machine attached as `run --plan` attaches one: the GPU's reserve is shown against the budget, not the
+    140 GiB card; the process tree's RSS against the host's RAM; PCIe against the link the plan measured;
+    the step against the plan's."""
+    run_dir, planned = h200_budget_run_with_its_plan(tmp_path)
+    expected = {s.name: s for s in summarize(RunStore(run_dir))}
 
     async def scenario():
         app = make_app(root=tmp_path, run_dir=tmp_path / "b24", poll_s=0.2)
@@ -526,9 +527,15 @@ def test_panels_hold_each_peak_against_the_gpu_budget_and_the_ram(tmp_path, size
                 s = expected[name]
                 gpu = f"{s.peak_reserved_bytes / s.gpu_budget_bytes:.0%}"
                 ram = f"{s.host_rss_peak_bytes / s.host_memory_bytes:.0%}"
+                to_gpu, to_host = s.pcie_rx_bytes_per_s / 1e9, s.pcie_tx_bytes_per_s / 1e9
+                link = planned[name].pcie_link_gbps
+                assert link[0] > 50  # the H200 machine's pinned copies, as the plan measured them
                 assert text_of(panels(app)[name].query_one(".capacity")) == (
                     f"GPU {human_bytes(s.peak_reserved_bytes)} {gpu} of 24.0 GiB budget · "
-                    f"RSS {human_bytes(s.host_rss_peak_bytes)} {ram} of {human_bytes(s.host_memory_bytes)} RAM"
+                    f"RSS {human_bytes(s.host_rss_peak_bytes)} {ram} of {human_bytes(s.host_memory_bytes)} RAM · "
+                    f"PCIe h2d/d2h {to_gpu:.1f} / {to_host:.1f} GB/s, "
+                    f"{to_gpu / link[0]:.0%} / {to_host / link[1]:.0%} of link · "
+                    f"step {s.mean_step_time_s / planned[name].step_s:.2f}x the plan's {planned[name].step_s:.3g} s"
                 )
             # FSDP2 without offload ran out of the budget before a step: no peaks to hold against anything.
             assert not panels(app)["fsdp2"].query_one(".capacity").display

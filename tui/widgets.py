@@ -15,7 +15,18 @@ from offloadlab.results.status import Status
 from offloadlab.results.steps import PHASES
 from offloadlab.results.store import TunePoint
 from offloadlab.results.summary import StrategySummary
-from offloadlab.results.tables import ago, bound_by, fmt_or_dash, human_bytes, loss_deviation, share, stalls
+from offloadlab.results.tables import (
+    against_plan,
+    ago,
+    bound_by,
+    fmt_or_dash,
+    human_bytes,
+    loss_deviation,
+    nvme_against_tuned,
+    pcie_against_link,
+    share,
+    stalls,
+)
 
 from .reader import RunView, Series, StrategyView, TuneView
 
@@ -82,8 +93,9 @@ def phase_bar(s: StrategySummary) -> Text:
 
 
 def capacity_line(s: StrategySummary) -> Text:
-    """Peaks against what holds them, as nvitop shows memory: the GPU's reserve against its memory (or the
-    budget the run was held to), the process tree's RSS against the host's RAM."""
+    """Use against capacity, as nvitop shows memory: the GPU's reserve against its memory (or the budget the
+    run was held to), the process tree's RSS against the host's RAM, NVMe against the rates the tune
+    measured, PCIe against the link and the step against the plan's (`run --plan`)."""
     parts = []
     if s.peak_reserved_bytes and s.gpu_memory_bytes:
         of = human_bytes(s.gpu_memory_bytes) + (" budget" if s.gpu_budget_bytes else "")
@@ -92,6 +104,15 @@ def capacity_line(s: StrategySummary) -> Text:
     if s.host_rss_peak_bytes and s.host_memory_bytes:
         used = share(s.host_rss_peak_bytes, s.host_memory_bytes)
         parts.append(f"RSS {human_bytes(s.host_rss_peak_bytes)} {used} of {human_bytes(s.host_memory_bytes)} RAM")
+    rates, shares = nvme_against_tuned(s)
+    if rates != "-":
+        parts.append(f"NVMe r/w {rates} GB/s" + ("" if shares == "-" else f", {shares} of tuned"))
+    rates, shares = pcie_against_link(s)
+    if rates != "-":
+        parts.append(f"PCIe h2d/d2h {rates} GB/s" + ("" if shares == "-" else f", {shares} of link"))
+    planned, ratio = against_plan(s)
+    if ratio != "-":
+        parts.append(f"step {ratio} the plan's {planned} s")
     return Text(" · ".join(parts), style="dim")
 
 

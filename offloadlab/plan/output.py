@@ -10,10 +10,11 @@ from pathlib import Path
 import tomli_w
 from rich.table import Table
 
-from offloadlab.plan.accounting import GiB, Links, Machine
+from offloadlab.plan.accounting import GiB, Links, Machine, Shape
 from offloadlab.plan.inputs import PlanInputs
 from offloadlab.plan.predict import Prediction
-from offloadlab.spec import RunSpec, load_spec
+from offloadlab.results.summary import Planned
+from offloadlab.spec import RunSpec, SpecError, load_spec
 
 
 def plan_table(predictions: list[Prediction], title: str) -> Table:
@@ -213,3 +214,41 @@ def write_plan(x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None) 
     accelerate = out_dir / f"{x.placement.name}_accelerate.yaml"
     accelerate.write_text(_accelerate_yaml(x, spec, deepspeed_json))
     return written + [accelerate]
+
+
+def planned_for_spec(path: Path, spec: RunSpec, shape: Shape) -> dict[str, Planned]:
+    """Each strategy's predictions from `offloadlab plan SPEC --json` output, for `run --plan`: the plan must
+    be of this spec's model and batch and name every strategy the spec runs."""
+    remake = f"write it with 'offloadlab plan SPEC --json > {path}'"
+    try:
+        raw = json.loads(Path(path).read_text())
+        planned_shape, links = raw["shape"], raw["links"]
+        predictions = raw["predictions"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SpecError(f"--plan {path} is not the JSON of 'offloadlab plan --json' ({err}): {remake}") from None
+    asked = {
+        k: getattr(shape, k) for k in ("n_layers", "d_model", "vocab_size", "seq_len", "micro_batch", "grad_accum")
+    }
+    differs = {k: (planned_shape.get(k), v) for k, v in asked.items() if planned_shape.get(k) != v}
+    if differs:
+        said = ", ".join(f"{k} {a} in the plan, {b} here" for k, (a, b) in differs.items())
+        raise SpecError(f"--plan {path} is of another model or batch ({said}): {remake}")
+    found = {s.name: _prediction_of(s, spec.model.activation_checkpointing, predictions) for s in spec.strategy}
+    missing = [name for name, x in found.items() if x is None]
+    if missing:
+        raise SpecError(f"--plan {path} has no prediction for {', '.join(missing)}: {remake}")
+    link = (links["pcie_h2d"] / 1e9, links["pcie_d2h"] / 1e9) if links["pcie_h2d"] and links["pcie_d2h"] else None
+    return {
+        name: Planned(x["step_bound_s"], x["bound_by"], x["gpu_bytes"], x["host_bytes"], link)
+        for name, x in found.items()
+    }
+
+
+def _prediction_of(strategy, activation_checkpointing: bool, predictions: list[dict]) -> dict | None:
+    """The plan lists a spec's strategy under a candidate's name when it is that candidate in all but name."""
+    settings = json.loads(json.dumps(strategy.model_dump(mode="json", exclude={"name"})))
+    for x in predictions:
+        same = {k: v for k, v in x["placement"].items() if k != "name"} == settings
+        if x["strategy"] == strategy.name or (same and x["activation_checkpointing"] == activation_checkpointing):
+            return x
+    return None

@@ -101,6 +101,8 @@ class StepTimes:
 
     tokens_per_s: float
     """Tokens over seconds, all steady steps together: a 16 s step every 14 counts in full."""
+    mean_s: float
+    """Seconds over steps: the step a throughput figure implies."""
     p50_s: float
     p90_s: float
     max_s: float
@@ -114,6 +116,7 @@ class StepTimes:
         p50 = percentile(seconds, 0.5)
         return cls(
             tokens_per_s=sum(tokens) / sum(seconds),
+            mean_s=sum(seconds) / len(seconds),
             p50_s=p50,
             p90_s=percentile(seconds, 0.9),
             max_s=max(seconds),

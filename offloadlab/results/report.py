@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +37,22 @@ class Panel:
     """Divide values by this for display (1e9 for GB/s)."""
     metrics: tuple[tuple[str, str], ...]
     """(sample metric LIKE pattern, legend label): one line each, and one per GPU of a gpu% pattern."""
-    capacity: str | None = None
-    """The StrategySummary field of the capacity drawn as a dashed line."""
+    capacities: Callable[[StrategySummary], list[tuple[float | None, str]]] = lambda s: []
+    """(value in the panel's unit before scaling, legend label) of each capacity drawn as a dashed line."""
+
+
+def _gpu_memory(s: StrategySummary) -> list[tuple[float | None, str]]:
+    return [(s.gpu_memory_bytes, "budget" if s.gpu_budget_bytes else "GPU's memory")]
+
+
+def _pcie_link(s: StrategySummary) -> list[tuple[float | None, str]]:
+    link = s.planned.pcie_link_gbps if s.planned else None
+    return [] if link is None else [(link[0] * 1e9, "link to GPU (plan)"), (link[1] * 1e9, "link to host (plan)")]
+
+
+def _tuned_drive(s: StrategySummary) -> list[tuple[float | None, str]]:
+    rates = s.tuned_drive_gbps
+    return [] if rates is None else [(rates[0] * 1e9, "tuned read"), (rates[1] * 1e9, "tuned write")]
 
 
 PANELS = (
@@ -47,11 +62,17 @@ PANELS = (
         "GiB",
         2**30,
         (("gpu%.mem_used(B)", "used"),),
-        "gpu_memory_bytes",
+        _gpu_memory,
     ),
-    Panel("PCIe", "GB/s", 1e9, (("gpu%.pcie_rx(B/s)", "to GPU"), ("gpu%.pcie_tx(B/s)", "to host"))),
-    Panel("NVMe device", "GB/s", 1e9, (("disk.read(B/s)", "read"), ("disk.write(B/s)", "write"))),
-    Panel("host RSS, process tree", "GiB", 2**30, (("host.rss_tree(B)", "RSS"),), "host_memory_bytes"),
+    Panel("PCIe", "GB/s", 1e9, (("gpu%.pcie_rx(B/s)", "to GPU"), ("gpu%.pcie_tx(B/s)", "to host")), _pcie_link),
+    Panel("NVMe device", "GB/s", 1e9, (("disk.read(B/s)", "read"), ("disk.write(B/s)", "write")), _tuned_drive),
+    Panel(
+        "host RSS, process tree",
+        "GiB",
+        2**30,
+        (("host.rss_tree(B)", "RSS"),),
+        lambda s: [(s.host_memory_bytes, "RAM")],
+    ),
     Panel("host CPU", "%", 1.0, (("host.cpu(%)", "all cores"),)),
     Panel("GPU utilization", "%", 1.0, (("gpu%.util(%)", "util"),)),
 )
@@ -95,16 +116,9 @@ def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dic
                 ax.plot(x, y, "-" if gpu in ("gpu0", "disk", "host") else ":", color=color, linewidth=1.2, label=name)
                 drawn = True
         summary = summaries.get(row["name"])
-        capacity = getattr(summary, panel.capacity or "", None)
-        if drawn and capacity:
-            held_to_budget = panel.capacity == "gpu_memory_bytes" and summary.gpu_budget_bytes
-            ax.axhline(
-                capacity / panel.scale,
-                color="black",
-                linestyle="--",
-                linewidth=0.8,
-                label="budget" if held_to_budget else "capacity",
-            )
+        for (capacity, label), color in zip(panel.capacities(summary) if summary and drawn else [], COLORS):
+            if capacity:
+                ax.axhline(capacity / panel.scale, color=color, linestyle="--", linewidth=0.8, label=label)
         if drawn and steps and len(steps) <= STEP_MARKS:
             for r in steps:
                 ax.axvline(r.t_start - t0, color="#dddddd", linewidth=0.5, zorder=0)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import sqlite3
 import statistics
+import time
 import tomllib
 from dataclasses import asdict, dataclass
 
@@ -15,6 +16,32 @@ from offloadlab.results.status import DIED_REASON, Status
 from offloadlab.results.steps import PHASES, FollowedStrategy
 from offloadlab.results.store import RunStore, StoreError
 from offloadlab.spec import strategy_from_store
+
+PLAN_EVENT = "plan"
+"""The event a run records for a strategy it was given a plan for (`offloadlab run --plan`)."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What `offloadlab plan` predicted for a strategy, and the links it measured, held beside the run."""
+
+    step_s: float | None
+    """The plan's step bound; None where it had no bound (a placement that did not fit)."""
+    bound_by: str | None
+    gpu_bytes: float
+    host_bytes: float
+    pcie_link_gbps: tuple[float, float] | None
+    """(to GPU, to host) GB/s of pinned copies, as the plan measured them."""
+
+    @classmethod
+    def from_json(cls, detail: str) -> "Planned":
+        raw = json.loads(detail)
+        link = raw.get("pcie_link_gbps")
+        return cls(raw["step_s"], raw["bound_by"], raw["gpu_bytes"], raw["host_bytes"], tuple(link) if link else None)
+
+
+def record_plan(store: RunStore, strategy_id: int, planned: Planned) -> None:
+    store.add_events(strategy_id, 0, [(None, PLAN_EVENT, time.time(), None, json.dumps(asdict(planned)))])
 
 
 @dataclass(frozen=True)
@@ -27,6 +54,7 @@ class StrategySummary:
     steps_planned: int
     median_step_time_s: float | None
     p90_step_time_s: float | None
+    mean_step_time_s: float | None
     max_step_time_s: float | None
     stalls: int | None
     """Steady steps over figures.STALL_FACTOR times the median."""
@@ -74,6 +102,7 @@ class StrategySummary:
     it (same model, batch, precision and GPU) when this one has no strategy without offload."""
     tuned_drive_gbps: tuple[float, float] | None = None
     """(read, write) GB/s the tune measured on the drive, for a strategy run with its `tuned` fragment."""
+    planned: Planned | None = None
     phase_seconds: dict[str, float] | None = None
     """Mean seconds of a steady step in each of steps.PHASES and "other" (the rest of the step: data,
     hooks, waits outside the timed phases), rank 0; None without phase events."""
@@ -85,6 +114,20 @@ class StrategySummary:
             return None
         step = self.median_step_time_s * 1e9
         return (self.disk_read_bytes_per_step or 0.0) / step, (self.disk_write_bytes_per_step or 0.0) / step
+
+    @property
+    def pcie_gbps(self) -> tuple[float, float] | None:
+        """(to GPU, to host) GB/s over the steady steps (NVML's rx and tx)."""
+        if self.pcie_rx_bytes_per_s is None or self.pcie_tx_bytes_per_s is None:
+            return None
+        return self.pcie_rx_bytes_per_s / 1e9, self.pcie_tx_bytes_per_s / 1e9
+
+    @property
+    def step_against_plan(self) -> float | None:
+        """The mean steady step over the plan's bound (1.0: the step the plan said)."""
+        if self.planned is None or not self.planned.step_s or not self.mean_step_time_s:
+            return None
+        return self.mean_step_time_s / self.planned.step_s
 
     @property
     def bound_by(self) -> tuple[str, float] | None:
@@ -101,6 +144,7 @@ class StrategySummary:
             **asdict(self),
             "bound_by": None if bound is None else {"phase": bound[0], "share": bound[1]},
             "nvme_gbps": self.nvme_gbps,
+            "step_against_plan": self.step_against_plan,
         }
 
 
@@ -249,6 +293,7 @@ def _summary(row, status: Status, reason: str | None, followed: FollowedStrategy
         steps_planned=row["steps_planned"],
         median_step_time_s=times.p50_s if times else None,
         p90_step_time_s=times.p90_s if times else None,
+        mean_step_time_s=times.mean_s if times else None,
         max_step_time_s=times.max_s if times else None,
         stalls=times.stalls if times else None,
         tokens_per_s=tokens_per_s,
@@ -278,6 +323,9 @@ def _summary(row, status: Status, reason: str | None, followed: FollowedStrategy
         last_loss=rank0[-1].loss if rank0 else None,
         phase_seconds=_phase_seconds(followed, steady),
         tuned_drive_gbps=getattr(strategy, "tuned_drive_gbps", None),
+        planned=Planned.from_json(followed.events[PLAN_EVENT][-1]["detail"])
+        if PLAN_EVENT in followed.events
+        else None,
     )
 
 

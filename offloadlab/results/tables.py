@@ -37,10 +37,6 @@ def fmt_or_dash(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
-def _gb(bytes_per_s: float | None) -> float | None:
-    return None if bytes_per_s is None else bytes_per_s / 1e9
-
-
 def stalls(s: StrategySummary) -> Text:
     if s.stalls is None:
         return Text("-")
@@ -66,6 +62,23 @@ def nvme_against_tuned(s: StrategySummary) -> tuple[str, str]:
         return "-", "-"
     shares = "-" if s.tuned_drive_gbps is None else " / ".join(map(share, rates, s.tuned_drive_gbps))
     return f"{rates[0]:.2f} / {rates[1]:.2f}", shares
+
+
+def pcie_against_link(s: StrategySummary) -> tuple[str, str]:
+    """("to GPU / to host" GB/s over the steady steps, each as a share of the link the plan measured)."""
+    rates = s.pcie_gbps
+    if rates is None:
+        return "-", "-"
+    link = s.planned.pcie_link_gbps if s.planned else None
+    return f"{rates[0]:.1f} / {rates[1]:.1f}", "-" if link is None else " / ".join(map(share, rates, link))
+
+
+def against_plan(s: StrategySummary) -> tuple[str, str]:
+    """(the plan's step in seconds, the measured mean step over it)."""
+    if s.planned is None:
+        return "-", "-"
+    ratio = s.step_against_plan
+    return fmt_or_dash(s.planned.step_s, "{:.3g}"), fmt_or_dash(ratio, "{:.2f}x")
 
 
 def bound_by(s: StrategySummary) -> str:
@@ -143,13 +156,8 @@ COLUMNS = (
         lambda s: fmt_or_dash(None if s.gpu_idle_share is None else 100 * s.gpu_idle_share, "{:.0f}%"),
         160,
     ),
-    Column(
-        "PCIe GB/s\ntx / rx",
-        lambda s: _two(
-            fmt_or_dash(_gb(s.pcie_tx_bytes_per_s), "{:.1f}"), fmt_or_dash(_gb(s.pcie_rx_bytes_per_s), "{:.1f}")
-        ),
-        160,
-    ),
+    Column("PCIe GB/s\nof link", lambda s: _two(*pcie_against_link(s)), 160),
+    Column("plan s\nstep/plan", lambda s: _two(*against_plan(s)), 200),
     Column(
         "comm/step\nbytes / s",
         lambda s: _two(human_bytes(s.comm_bytes_per_step), fmt_or_dash(s.comm_seconds_per_step, "{:.3f}")),
@@ -177,8 +185,9 @@ def compare_table(
 ) -> Table:
     """The strategies side by side, with the columns a terminal `width` wide has room for: the step, the
     throughput and memory always; stalls, MFU, loss, where the step goes and NVMe from 120; GPU idle,
-    reserved, memory against the GPU's and the host's and PCIe from 160; comm, NVMe GB/s against the
-    tune's and SSD wear from 200.
+    reserved, memory against the GPU's and the host's, PCIe (to the GPU / to the host) against the link
+    from 160; the step against the plan's (`run --plan`), comm, NVMe GB/s against the tune's and SSD wear
+    from 200.
     `state`, said in the title: a run that has not finished, and its last update."""
     # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
     columns = [c for c in COLUMNS if width >= c.width]

@@ -33,6 +33,7 @@ from offloadlab.plan.accounting import GiB, Machine, Shape
 from offloadlab.results.rundir import LOCK_NAME, NVME_PREFIX, RunDir, RunDirError, signals_ignored
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore, StoreError
+from offloadlab.results.summary import Planned, record_plan
 from offloadlab.results.tables import human_bytes
 from offloadlab.run.preflight import PreflightError, preflight_run
 from offloadlab.spec import RunSpec
@@ -114,10 +115,17 @@ class StrategyJob:
 
 class Runner:
     def __init__(
-        self, spec: RunSpec, run_dir: RunDir, launch: Launch, console: Console, keep_checkpoints: bool = False
+        self,
+        spec: RunSpec,
+        run_dir: RunDir,
+        launch: Launch,
+        console: Console,
+        keep_checkpoints: bool = False,
+        planned: dict[str, Planned] | None = None,
     ):
         self.spec, self.run_dir, self.launch, self.console = spec, run_dir, launch, console
         self.keep_checkpoints = keep_checkpoints
+        self.planned = planned or {}
         self.oom_kills_before = oom_kills()  # taken again at each launch
         self.store = RunStore(run_dir.root, create_schema=True)
         self.run_id = self.store.add_run(spec.name, spec_toml(spec))
@@ -129,6 +137,8 @@ class Runner:
     def _job(self, strategy, token: str) -> StrategyJob:
         config = strategy.model_dump(mode="json")
         strategy_id = self.store.add_strategy(self.run_id, strategy.name, strategy.engine, config, self.spec.steps)
+        if strategy.name in self.planned:
+            record_plan(self.store, strategy_id, self.planned[strategy.name])
         nvme_dir = self.run_dir.nvme_dir(self.spec.nvme_path, token, strategy.name) if strategy.uses_nvme else None
         return StrategyJob(strategy.name, strategy_id, nvme_dir, self.run_dir.log(strategy.name))
 
@@ -418,9 +428,14 @@ def run_spec(
     console: Console,
     keep_checkpoints: bool = False,
     force: bool = False,
+    plan_path: Path | None = None,
 ) -> Path:
+    """plan_path: `offloadlab plan --json` output whose predictions the run is shown against."""
+    from offloadlab.plan.output import planned_for_spec
+
     run_dir = new_run_dir(spec, out)
     shape = preflight_run(spec, run_dir.root)
+    planned = planned_for_spec(plan_path, spec, shape) if plan_path else None
     check_fits(spec, shape, console, force)
     # Built here, once, with the wait explained, rather than by the first rank that needs it inside a job.
     ensure_built((op for s in spec.strategy for op in s.ops_needed), announce_on(console))
@@ -429,7 +444,7 @@ def run_spec(
     try:
         new_run_dir(spec, run_dir.root)  # again under the lock: of two runs started together, one stops here
         sweep_dead_runs(run_dir.root.parent, console)
-        Runner(spec, run_dir, launch, console, keep_checkpoints).run()
+        Runner(spec, run_dir, launch, console, keep_checkpoints, planned).run()
     finally:
         os.close(lock)
     return run_dir.root
