@@ -140,6 +140,9 @@ def model_states(p: Placement, shape: Shape, world: int) -> Memory:
         # (stage_1_and_2's temp_grad_buffer_for_gpu_offload / _for_cpu_offload), held throughout.
         m.add("gpu", "gradient staging buffer", b.grad * shape.largest_param_numel)
         m.add("host_pinned", "gradient staging buffer", b.grad * shape.largest_param_numel)
+        # The stepped fp32 partition is cast into a 16-bit copy on the host before it goes back to the GPU
+        # (stage_1_and_2's param_buffer_of_bit16_for_cpu_offload_groups), pinned for the whole run.
+        m.add("host_pinned", "16-bit copy of the partition", b.param * n / world)
     if p.strategy.offload_optimizer == "none" and p.strategy.zero_stage < 3:
         m.add("gpu", "gradients", b.grad * (n if p.strategy.zero_stage == 1 else n / world))
     # ZeRO-3 reduces gradients straight into the optimizer's fp32 partition, and with the optimizer
