@@ -4,7 +4,6 @@ the files `--write` emits loaded by the tools that read them."""
 from __future__ import annotations
 
 import json
-import math
 import tomllib
 from pathlib import Path
 
@@ -443,12 +442,24 @@ def test_host_rss_holds_for_the_cuda_runtime_and_zero3s_pinned_gradient_buffer(s
         assert predicted <= measured[name] <= (1 + above) * predicted, name
 
 
-def test_zero2s_host_rss_holds_its_pinned_16_bit_copy_of_the_partition(tmp_path):
-    """ZeRO-1/2 with the optimizer on the CPU pin a 16-bit copy of the partition that the planner left out:
-    its host RSS ran 1.43x low at 1.42B on an H200 (22.7 GiB predicted, 32.4 measured). What is left is
-    torch 2.11's pinned allocator there (the image's torch: 2.13 takes offloadlab's exact-size setting)
-    rounding each pinned buffer up to a power of two: the fp32 partition and its gradient 5.28 -> 8 GiB
-    each, the 16-bit copy 2.64 -> 4 GiB, 6.8 GiB in all."""
+# H200 runs on torch 2.11, whose pinned allocator rounds each pinned buffer up to a power of two: the host
+# RSS each CPU-offload strategy reached, and how far above the prediction for that allocator it may be.
+H200_PINNED_ROUNDED = {
+    ("2026-12-03-h200-s10/run_a.tar.gz", "run_a"): {"zero2-cpu": 0.02, "fsdp2-cpu-dsadam": 0.0},
+    ("2026-12-03-h200-s10/run_b.tar.gz", "run_b"): {
+        "fsdp2-cpu-offload": 0.03,
+        "zero3-cpu": 0.11,
+        "zero3-opt-cpu": 0.09,
+    },
+}
+
+
+@pytest.mark.parametrize("tarball", H200_PINNED_ROUNDED)
+def test_host_rss_holds_with_each_pinned_buffer_rounded_as_torch_2_11_does(tmp_path, tarball):
+    """ZeRO-1/2's host RSS ran 1.43x low at 1.42B (22.7 GiB predicted, 32.4 measured): the planner left out
+    their pinned 16-bit copy of the partition, and the H200's torch 2.11 rounds every pinned buffer up to a
+    power of two (the fp32 partition and its gradient 5.28 -> 8 GiB each, the copy 2.64 -> 4). With both,
+    ZeRO-2 and FSDP2 hold to 2-3%; ZeRO-3 stays up to 11% above (not found yet)."""
     import tarfile
 
     from offloadlab.plan.predict import predict_memory
@@ -456,18 +467,21 @@ def test_zero2s_host_rss_holds_its_pinned_16_bit_copy_of_the_partition(tmp_path)
     from offloadlab.results.summary import summarize
     from offloadlab.spec import parse_spec
 
-    with tarfile.open("bench/results/2026-12-03-h200-s10/run_a.tar.gz") as tar:
+    path, folder = tarball
+    with tarfile.open(Path("bench/results") / path) as tar:
         tar.extractall(tmp_path, filter="data")
-    run = RunStore(tmp_path / "run_a")
+    run = RunStore(tmp_path / folder)
     spec = parse_spec(tomllib.loads(run.run()["spec_toml"]))
     shape = shape_of_spec(spec)
-    measured = next(s.host_rss_peak_bytes for s in summarize(run) if s.name == "zero2-cpu")
-    memory = predict_memory(Placement(spec.get_strategy("zero2-cpu")), shape, 1)
-    assert memory.host_pinned["16-bit copy of the partition"] == 2 * shape.n_params
-    pinned_buffers = (2 * shape.n_params, 4 * shape.n_params, 4 * shape.n_params)  # 16-bit copy, fp32, its grad
-    rounding = sum(2 ** math.ceil(math.log2(size)) - size for size in pinned_buffers)
-    assert memory.host_bytes < measured
-    assert memory.host_bytes + rounding == pytest.approx(measured, rel=0.03)
+    measured = {s.name: s.host_rss_peak_bytes for s in summarize(run)}
+    for name, above in H200_PINNED_ROUNDED[tarball].items():
+        placement = Placement(spec.get_strategy(name), spec.model.activation_checkpointing)
+        exact = predict_memory(placement, shape, 1, pinned_exact=True)
+        rounded = predict_memory(placement, shape, 1, pinned_exact=False)
+        assert exact.host_bytes < rounded.host_bytes
+        assert 0.98 * rounded.host_bytes <= measured[name] <= (1 + above) * rounded.host_bytes, name
+    copy = predict_memory(Placement(spec.get_strategy("zero2-cpu")), shape, 1) if folder == "run_a" else None
+    assert copy is None or copy.host_pinned["16-bit copy of the partition"] == 2 * shape.n_params
 
 
 def test_fsdp2_with_deepspeeds_cpu_adam_is_weighed_at_its_rate_and_a_specs_zenflow_alongside():

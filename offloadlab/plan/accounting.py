@@ -10,6 +10,7 @@ The loss adds the logits (16-bit) and their fp32 copy and gradient, per micro-ba
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, RunSpec, Strategy
@@ -282,6 +283,14 @@ class Machine:
     host_mem_bytes: float
     nvme_free_bytes: float | None
     gpu_name: str | None = None
+    pinned_exact: bool = True
+    """Whether the workers' pinned buffers take their exact sizes (torch 2.13 with the setting `run` gives
+    them); False: torch's pinned allocator rounds each up to a power of two (torch 2.11)."""
+
+
+def pinned_rounding_bytes(sizes: list[float]) -> float:
+    """What rounding each pinned buffer up to a power of two adds (a 5.28 GiB buffer takes 8)."""
+    return sum(2 ** math.ceil(math.log2(size)) - size for size in sizes if size > 0)
 
 
 @dataclass(frozen=True)

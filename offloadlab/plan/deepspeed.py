@@ -71,8 +71,13 @@ def host_optimizer_share(p: Placement, shape: Shape, world: int) -> float:
         return 0.0
     if p.strategy.ratio >= 1.0 or p.strategy.zero_stage != 3:
         return 1.0
+    return sum(host_sub_groups(p, shape, world)) / sum(sub_groups(shape, world, p.strategy.sub_group_size))
+
+
+def host_sub_groups(p: Placement, shape: Shape, world: int) -> list[int]:
+    """The ZeRO-3 sub-groups whose optimizer is off the GPU, in elements."""
     groups = sub_groups(shape, world, p.strategy.sub_group_size)
-    return sum(groups[int((1 - p.strategy.ratio) * len(groups)) :]) / sum(groups)
+    return groups[int((1 - min(p.strategy.ratio, 1.0)) * len(groups)) :]
 
 
 def params_kept_at_turn(p: Placement, shape: Shape) -> float:
@@ -205,6 +210,29 @@ def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, 
             sub_group = max(sub_groups(shape, world, p.strategy.sub_group_size))
             m.add("host_pinned", "optimizer swap buffers", buffers.optimizer_buffer_count * sub_group * 4)
     return m
+
+
+def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None) -> list[float]:
+    """Bytes of each buffer DeepSpeed pins for a rank: ZeRO-1/2's fp32 partition, its gradient and 16-bit
+    copy (stage_1_and_2), ZeRO-3's fp32 gradient of each sub-group on the CPU and 16-bit gradient buffer
+    (stage3), the parameters kept in RAM and the swap buffers."""
+    s, b, n = p.strategy, shape.param_bytes, shape.n_params
+    out: list[float] = []
+    if s.offload_optimizer == "cpu" and s.zero_stage < 3:
+        out += [4 * n / world, 4 * n / world, b * n / world, b * shape.largest_param_numel]
+    elif s.offload_optimizer == "cpu":
+        out += [4 * g for g in host_sub_groups(p, shape, world)]
+    if s.zero_stage == 3 and s.offload_optimizer != "none":
+        out.append(b * math.ceil(n / world))
+    if s.offload_param == "cpu":
+        out.append(b * n / world)
+    if s.offload_param == "nvme":
+        out.append(b * min(n / world, s.max_in_cpu))
+        if buffers is not None:
+            out += [buffers.param_buffer_size * b] * buffers.param_buffer_count
+    if s.offload_optimizer == "nvme" and buffers is not None:
+        out += [4 * max(sub_groups(shape, world, s.sub_group_size))] * buffers.optimizer_buffer_count
+    return out
 
 
 def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:

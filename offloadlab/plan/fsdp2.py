@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 from offloadlab.plan.accounting import Links, Memory, Placement, Shape, SwapBuffers
+
+
+def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None) -> list[float]:
+    """CPUOffloadPolicy pins each parameter's fp32 shard and its gradient's, one buffer each."""
+    if not p.strategy.cpu_offload:
+        return []
+    return [4 * math.ceil(numel / world) for numel in shape.param_numels for _ in range(2)]
 
 
 def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, on_gpu: bool) -> Memory:

@@ -3,6 +3,7 @@ unless given) and the link rates (measured here unless given)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -93,7 +94,9 @@ def detect_machine(
         gpu_mem = gpu_mem_gib * GiB  # planning for a GPU this machine does not have
     host = host_mem_gib * GiB if host_mem_gib else psutil.virtual_memory().available
     nvme_free = shutil.disk_usage(nvme_path).free if nvme_path is not None and nvme_path.is_dir() else None
-    return Machine(gpus or detected_gpus, gpu_mem, host, nvme_free, name)
+    from offloadlab.run.runner import pinned_sizes_exact
+
+    return Machine(gpus or detected_gpus, gpu_mem, host, nvme_free, name, pinned_sizes_exact(os.environ))
 
 
 @dataclass

@@ -26,6 +26,7 @@ from offloadlab.plan.accounting import (
     activation_bytes,
     buffers_for,
     candidate_placements,
+    pinned_rounding_bytes,
 )
 from offloadlab.results.figures import flops_per_token
 from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy
@@ -44,12 +45,21 @@ def engine_model(p: Placement) -> ModuleType:
 
 
 def predict_memory(
-    p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None = None, on_gpu: bool = True
+    p: Placement,
+    shape: Shape,
+    world: int,
+    buffers: SwapBuffers | None = None,
+    on_gpu: bool = True,
+    pinned_exact: bool = True,
 ) -> Memory:
-    m = engine_model(p).memory(p, shape, world, buffers, on_gpu)
+    engine = engine_model(p)
+    m = engine.memory(p, shape, world, buffers, on_gpu)
     m.add("gpu_turn", "activations", activation_bytes(shape, p.activation_checkpointing))
     if on_gpu:
         m.runtime_bytes = HOST_BASELINE_CUDA_BYTES
+        if not pinned_exact:
+            rounding = pinned_rounding_bytes(engine.pinned_buffers(p, shape, world, buffers))
+            m.add("host_pinned", "torch's pinned rounding (powers of two)", rounding)
     return m
 
 
@@ -118,7 +128,7 @@ def predict(
     p: Placement, shape: Shape, machine: Machine, links: Links | None, buffers: SwapBuffers | None = None
 ) -> Prediction:
     world = max(1, machine.gpus)
-    m = predict_memory(p, shape, world, buffers, on_gpu=machine.gpu_mem_bytes is not None)
+    m = predict_memory(p, shape, world, buffers, machine.gpu_mem_bytes is not None, machine.pinned_exact)
     constraints = _constraints(m, machine, world)
     use = {k: need / have if have else math.inf for k, (need, have) in constraints.items()}
     tightest = max(use, key=use.get)

@@ -50,11 +50,24 @@ def worker_env(environ, tmp: Path) -> dict[str, str]:
     # `torch/` or `offloadlab/` folder from the working directory first. TMPDIR: torchrun leaves an empty
     # torchelastic_* folder in the temp directory at every launch; this one is the run's and is removed.
     env = {**environ, "PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1", "TMPDIR": str(tmp)}
-    # torch 2.11 rejects the key (every worker fails to start); 2.13 has it.
-    torch_version = tuple(int(x) for x in version("torch").split(".")[:2])
-    if torch_version >= (2, 13) and "PYTORCH_ALLOC_CONF" not in env and "PYTORCH_CUDA_ALLOC_CONF" not in env:
+    if _sets_pinned_exact(env):
         env["PYTORCH_ALLOC_CONF"] = PINNED_EXACT_ABOVE
     return env
+
+
+def _sets_pinned_exact(environ) -> bool:
+    # torch 2.11 rejects the key (every worker fails to start); 2.13 has it.
+    torch_version = tuple(int(x) for x in version("torch").split(".")[:2])
+    return (
+        torch_version >= (2, 13) and "PYTORCH_ALLOC_CONF" not in environ and "PYTORCH_CUDA_ALLOC_CONF" not in environ
+    )
+
+
+def pinned_sizes_exact(environ) -> bool:
+    """Whether the workers' pinned buffers take their exact sizes: with the setting given above, or the
+    user's own allocator settings that include it. Otherwise each is rounded up to a power of two."""
+    own = environ.get("PYTORCH_ALLOC_CONF", "") + environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    return _sets_pinned_exact(environ) or "pinned_max_round_threshold_mb" in own
 
 
 @dataclass(frozen=True)
