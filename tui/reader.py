@@ -60,6 +60,8 @@ class StrategyView:
     pcie_rx_bytes_per_s: Series
     disk_read_bytes_per_s: Series
     disk_write_bytes_per_s: Series
+    host_cpu_percent: Series
+    """All cores together, as the sampler reads psutil's cpu_percent (100% a core)."""
     telemetry_notes: list[str]
     """Why some fields are absent (no NVML, no block device), as the sampler recorded it."""
     eta_s: float | None
@@ -156,6 +158,7 @@ SAMPLED = {
     "pcie_rx_bytes_per_s": "gpu%.pcie_rx(B/s)",
     "disk_read_bytes_per_s": "disk.read(B/s)",
     "disk_write_bytes_per_s": "disk.write(B/s)",
+    "host_cpu_percent": "host.cpu(%)",
 }
 
 

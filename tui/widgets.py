@@ -130,6 +130,7 @@ class StrategyPanel(Vertical):
         ("rx", "PCIe RX"),
         ("read", "disk read"),
         ("write", "disk write"),
+        ("cpu", "host CPU"),
     )
 
     def __init__(self, strategy_name: str, **kwargs):
@@ -171,6 +172,7 @@ class StrategyPanel(Vertical):
         no_disk = "no block device" if any("disk fields absent" in n for n in view.telemetry_notes) else "no data yet"
         self.metrics["read"].show(view.disk_read_bytes_per_s, _rate, no_disk)
         self.metrics["write"].show(view.disk_write_bytes_per_s, _rate, no_disk)
+        self.metrics["cpu"].show(view.host_cpu_percent, lambda v: f"{v:.0f}%")
 
 
 class RunHeader(Static):
