@@ -23,7 +23,13 @@ from offloadlab.results.store import RunStore
 from offloadlab.results.summary import summarize
 from offloadlab.run.runner import held_to_budget
 from offloadlab.spec import SpecError, load_spec
-from offloadlab.train.gpu_budget import GpuBudget, GpuBudgetError, allocator_cap_bytes, allocator_fraction
+from offloadlab.train.gpu_budget import (
+    GpuBudget,
+    GpuBudgetError,
+    allocator_cap_bytes,
+    allocator_fraction,
+    holds_a_gpu_of,
+)
 from offloadlab.train.worker import classify_failure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,6 +57,9 @@ def test_a_budget_below_the_gpus_fixed_costs_is_refused_with_the_fix():
 def test_nothing_is_held_without_a_budget_or_on_the_cpu():
     assert GpuBudget.for_rank(None, torch.device("cpu")) is None
     assert GpuBudget.for_rank(24, torch.device("cpu")) is None
+    # The rule the worker applies and the fit check plans with: a budget below a GPU's size holds it.
+    assert holds_a_gpu_of(24, H200_BYTES) and not holds_a_gpu_of(24, None) and not holds_a_gpu_of(None, H200_BYTES)
+    assert not holds_a_gpu_of(80, 80 * GiB) and holds_a_gpu_of(79.9, 80 * GiB)
 
 
 def test_going_past_the_budget_is_a_does_not_fit_that_names_the_budget():
@@ -72,6 +81,7 @@ def test_going_past_the_budget_is_a_does_not_fit_that_names_the_budget():
     [
         (None, 24, None, "is not enforced: this machine has no CUDA GPU"),
         (80 * GiB, 96, 80 * GiB, "is not below this GPU's 80.0 GiB: the whole GPU is used"),
+        (80 * GiB, 80, 80 * GiB, "is not below this GPU's 80.0 GiB: the whole GPU is used"),
         (H200_BYTES, 24, 24 * GiB, "every rank is held to 24 GiB of its GPU's 140.4"),
     ],
 )

@@ -361,13 +361,15 @@ class Runner:
 
 def held_to_budget(spec: RunSpec, machine: Machine, console: Console) -> Machine:
     """The machine as the spec's GPU memory budget leaves it, said before the run starts."""
+    from offloadlab.train.gpu_budget import holds_a_gpu_of
+
     budget = spec.gpu_memory_limit_gib
     if budget is None:
         return machine
     if machine.gpu_mem_bytes is None:
         console.print(f"  gpu_memory_limit_gib = {budget:g} is not enforced: this machine has no CUDA GPU")
         return machine
-    if budget * GiB >= machine.gpu_mem_bytes:
+    if not holds_a_gpu_of(budget, machine.gpu_mem_bytes):
         console.print(
             f"  gpu_memory_limit_gib = {budget:g} is not below this GPU's {machine.gpu_mem_bytes / GiB:.1f} GiB: "
             "the whole GPU is used"

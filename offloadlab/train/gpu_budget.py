@@ -22,6 +22,12 @@ class GpuBudgetError(RuntimeError):
     """The budget leaves the allocator nothing: the GPU's fixed costs alone exceed it."""
 
 
+def holds_a_gpu_of(limit_gib: float | None, gpu_total_bytes: int | float | None) -> bool:
+    """Whether a budget has a GPU to hold: one is set, there is a CUDA GPU, and the budget is below its size
+    (at or above it the whole GPU is used, as without a budget)."""
+    return limit_gib is not None and gpu_total_bytes is not None and limit_gib * GiB < gpu_total_bytes
+
+
 def allocator_cap_bytes(budget_bytes: int, outside_allocator_bytes: int) -> int:
     """What torch's allocator may reserve so that everything on the GPU stays within the budget."""
     cap = budget_bytes - outside_allocator_bytes
@@ -50,10 +56,8 @@ class GpuBudget:
     def for_rank(cls, limit_gib: float | None, device: torch.device) -> "GpuBudget | None":
         """None where there is nothing to hold: no budget, no CUDA device (the CPU cannot be capped this
         way), or a budget at least the GPU's size."""
-        if limit_gib is None or device.type != "cuda":
-            return None
-        budget = cls(int(limit_gib * GiB), device)
-        return budget if budget.budget_bytes < torch.cuda.get_device_properties(device).total_memory else None
+        total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+        return cls(int(limit_gib * GiB), device) if holds_a_gpu_of(limit_gib, total) else None
 
     def outside_allocator_bytes(self) -> int:
         free, total = torch.cuda.mem_get_info(self.device)
