@@ -119,6 +119,11 @@ digest = engine.state_digest(scratch=folder.parent / "scratch", saved=folder)
 if ctx.rank == 0:
     print(json.dumps({"digest_peak_bytes": status_bytes("VmHWM:") - before, "tensors": len(digest),
                       "params": sum(p.numel() for p in engine.module.parameters())}))
+# Both ranks leave together: once in CI, rank 1 aborted in gloo's teardown ("terminate called without an
+# active exception") while rank 0 was still printing.
+if ctx.world_size > 1:
+    import torch.distributed as dist
+    dist.barrier()
 engine.close()
 """
 
