@@ -98,6 +98,7 @@ import json, sys
 from pathlib import Path
 from offloadlab.workload.data import TokenSource
 from offloadlab.engines import DistContext, build_engine
+from offloadlab.engines.dist import end_rank
 from offloadlab.spec import load_spec
 from offloadlab.workload.model import vocab_size
 
@@ -119,12 +120,8 @@ digest = engine.state_digest(scratch=folder.parent / "scratch", saved=folder)
 if ctx.rank == 0:
     print(json.dumps({"digest_peak_bytes": status_bytes("VmHWM:") - before, "tensors": len(digest),
                       "params": sum(p.numel() for p in engine.module.parameters())}))
-# Both ranks leave together: once in CI, rank 1 aborted in gloo's teardown ("terminate called without an
-# active exception") while rank 0 was still printing.
-if ctx.world_size > 1:
-    import torch.distributed as dist
-    dist.barrier()
 engine.close()
+end_rank(0)  # as the run's workers end: see end_rank
 """
 
 

@@ -16,7 +16,6 @@ import errno
 import json
 import os
 import signal
-import sys
 import threading
 import time
 import tomllib
@@ -27,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from offloadlab.engines import DistContext, Engine, build_engine, engine_class
+from offloadlab.engines.dist import end_rank
 from offloadlab.results.figures import MODEL_FACTS_EVENT, ModelFacts
 from offloadlab.results.rundir import RunDir
 from offloadlab.results.status import Status
@@ -199,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
             store.set_strategy_status(strategy_id, status, reason)
         traceback.print_exc()
         return 1
+    finally:
+        store.close()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_rank(main())
