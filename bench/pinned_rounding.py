@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 
-from offloadlab.run.runner import PINNED_EXACT_ABOVE
+from offloadlab.checks.host import PINNED_EXACT_ABOVE
 
 CHILD = """
 import json, sys, psutil, torch

@@ -229,7 +229,8 @@ def test_a_world_2_fsdp2_checkpoint_is_restored_and_verified_at_world_1(world2):
 
 
 def test_workers_get_exact_pinned_sizes_unless_the_user_set_allocator_options(tmp_path):
-    from offloadlab.run.runner import PINNED_EXACT_ABOVE, worker_env
+    from offloadlab.checks.host import PINNED_EXACT_ABOVE
+    from offloadlab.run.runner import worker_env
 
     assert worker_env({}, tmp_path)["PYTORCH_ALLOC_CONF"] == PINNED_EXACT_ABOVE
     for key in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):

@@ -7,11 +7,19 @@ import mmap
 import os
 import shutil
 import uuid
+from importlib.metadata import version
 from pathlib import Path
 
 import psutil
 
 from offloadlab.spec import SpecError
+
+# torch's pinned-memory allocator rounds each allocation up to a power of two. DeepSpeed pins its swap
+# buffers, gradient partitions and max_in_cpu parameters as a few multi-GB tensors, so the rounding locks
+# up to twice their size in RAM (48 parameter buffers of 206 MB, 9.2 GiB, take 16). Above 64 MiB the
+# allocator then takes what is asked; a user's own allocator settings are left as they are.
+PINNED_EXACT_ABOVE = "pinned_max_round_threshold_mb:64"
+
 
 # DeepSpeed's O_DIRECT transfers are aligned to this (AIO_ALIGNED_BYTES in swap_tensor/utils.py).
 DIRECT_IO_ALIGNMENT = 4096
@@ -144,3 +152,20 @@ def check_aio_contexts(events_needed: int, proc_sys: Path = Path("/proc/sys/fs")
             f"fs.aio-max-nr leaves {limit - used} aio events free, {events_needed} needed: "
             f"raise it with 'sysctl -w fs.aio-max-nr={max(limit * 2, used + events_needed * 2)}'"
         )
+
+
+def sets_pinned_exact(environ) -> bool:
+    """Whether `run` gives its workers PINNED_EXACT_ABOVE: on torch 2.13 or later, and only where the user
+    set no allocator settings of their own."""
+    # torch 2.11 rejects the key (every worker fails to start); 2.13 has it.
+    torch_version = tuple(int(x) for x in version("torch").split(".")[:2])
+    return (
+        torch_version >= (2, 13) and "PYTORCH_ALLOC_CONF" not in environ and "PYTORCH_CUDA_ALLOC_CONF" not in environ
+    )
+
+
+def pinned_sizes_exact(environ) -> bool:
+    """Whether the workers' pinned buffers take their exact sizes: with PINNED_EXACT_ABOVE, or the
+    user's own allocator settings that include it. Otherwise each is rounded up to a power of two."""
+    own = environ.get("PYTORCH_ALLOC_CONF", "") + environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    return sets_pinned_exact(environ) or "pinned_max_round_threshold_mb" in own

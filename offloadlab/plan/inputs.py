@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 from rich.console import Console
 
+from offloadlab.checks.host import pinned_sizes_exact
 from offloadlab.measure.links import measure_block_flops, nvme_from_tune_store
 from offloadlab.plan.accounting import (
     GiB,
@@ -94,8 +95,6 @@ def detect_machine(
         gpu_mem = gpu_mem_gib * GiB  # planning for a GPU this machine does not have
     host = host_mem_gib * GiB if host_mem_gib else psutil.virtual_memory().available
     nvme_free = shutil.disk_usage(nvme_path).free if nvme_path is not None and nvme_path.is_dir() else None
-    from offloadlab.run.runner import pinned_sizes_exact
-
     return Machine(gpus or detected_gpus, gpu_mem, host, nvme_free, name, pinned_sizes_exact(os.environ))
 
 

@@ -19,7 +19,6 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from importlib.metadata import version
 from pathlib import Path
 
 import tomli_w
@@ -27,6 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from offloadlab.checks.host import PINNED_EXACT_ABOVE, sets_pinned_exact
 from offloadlab.engines import engine_class
 from offloadlab.engines.ops import announce_on, ensure_built
 from offloadlab.plan.accounting import GiB, Machine, Shape
@@ -38,36 +38,15 @@ from offloadlab.results.tables import human_bytes
 from offloadlab.run.preflight import PreflightError, preflight_run
 from offloadlab.spec import RunSpec
 
-# torch's pinned-memory allocator rounds each allocation up to a power of two. DeepSpeed pins its swap
-# buffers, gradient partitions and max_in_cpu parameters as a few multi-GB tensors, so the rounding locks
-# up to twice their size in RAM (48 parameter buffers of 206 MB, 9.2 GiB, take 16). Above 64 MiB the
-# allocator then takes what is asked; a user's own allocator settings are left as they are.
-PINNED_EXACT_ABOVE = "pinned_max_round_threshold_mb:64"
-
 
 def worker_env(environ, tmp: Path) -> dict[str, str]:
     # PYTHONSAFEPATH: `-m torch.distributed.run` and `-m offloadlab.train.worker` would otherwise import a
     # `torch/` or `offloadlab/` folder from the working directory first. TMPDIR: torchrun leaves an empty
     # torchelastic_* folder in the temp directory at every launch; this one is the run's and is removed.
     env = {**environ, "PYTHONUNBUFFERED": "1", "PYTHONSAFEPATH": "1", "TMPDIR": str(tmp)}
-    if _sets_pinned_exact(env):
+    if sets_pinned_exact(env):
         env["PYTORCH_ALLOC_CONF"] = PINNED_EXACT_ABOVE
     return env
-
-
-def _sets_pinned_exact(environ) -> bool:
-    # torch 2.11 rejects the key (every worker fails to start); 2.13 has it.
-    torch_version = tuple(int(x) for x in version("torch").split(".")[:2])
-    return (
-        torch_version >= (2, 13) and "PYTORCH_ALLOC_CONF" not in environ and "PYTORCH_CUDA_ALLOC_CONF" not in environ
-    )
-
-
-def pinned_sizes_exact(environ) -> bool:
-    """Whether the workers' pinned buffers take their exact sizes: with the setting given above, or the
-    user's own allocator settings that include it. Otherwise each is rounded up to a power of two."""
-    own = environ.get("PYTORCH_ALLOC_CONF", "") + environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    return _sets_pinned_exact(environ) or "pinned_max_round_threshold_mb" in own
 
 
 @dataclass(frozen=True)
