@@ -6,7 +6,9 @@
 
 Runs `offloadlab run SPEC` (real steps, telemetry on), then prints predicted vs measured peak GPU bytes
 (torch.cuda.memory_stats' allocated peak), host RSS peak, NVMe bytes read and written per step (the
-ranks' block-layer I/O) and the step time against the predicted lower bound, each with its ratio.
+ranks' block-layer I/O) and the step time against the predicted lower bound, each with its ratio;
+then the step by phase: forward + backward and the optimizer phase, measured (the run's phase timings)
+against the parts of the bound that fall there.
 --store compares a run made before. For one made elsewhere give the machine it ran on, the links measured
 there (`offloadlab plan SPEC --json` on that machine: PCIe, CPU Adam, host passes, block compute) and its
 tune folder for the drive rates; without --links every link is measured here.
@@ -29,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from offloadlab.measure.links import nvme_from_tune_store
-from offloadlab.plan.accounting import Links, Placement
+from offloadlab.plan.accounting import Links, Placement, StepBound
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
 from offloadlab.plan.output import machine_table
 from offloadlab.plan.predict import predict
@@ -101,9 +103,34 @@ def compare(
                 "step_predicted": pred.step.seconds if pred.step else None,
                 "step_measured": m.median_step_time_s,
                 "step_parts": pred.step.parts if pred.step else None,
+                **phase_fields(pred.step, m),
             }
         )
     return rows
+
+
+def phase_fields(bound: StepBound | None, measured) -> dict:
+    """The step split as a run's phase timings split it: forward + backward (with what overlaps them),
+    the optimizer phase after backward, and the rest, predicted and measured (steady-step means)."""
+    phases = measured.phase_seconds or {}
+    return {
+        "training_predicted": bound.training_s if bound else None,
+        "training_measured": phases["forward"] + phases["backward"] if phases else None,
+        "optimizer_predicted": bound.optimizer_s if bound else None,
+        "optimizer_measured": phases.get("optimizer"),
+        "other_measured": phases.get("other"),
+        "mean_step_predicted": bound.seconds if bound else None,
+        "mean_step_measured": measured.mean_step_time_s,
+    }
+
+
+def cell(row: dict, key: str, unit: float = 2**30, fmt: str = "{:.2f}", within=lambda r: True) -> str:
+    p, m = row[f"{key}_predicted"], row[f"{key}_measured"]
+    r = _ratio(m, p)
+    text = f"{'-' if p is None else fmt.format(p / unit)} / {'-' if m is None else fmt.format(m / unit)}"
+    if r is not None:
+        text += f" ([{'green' if within(r) else 'red'}]{r:.2f}[/])"
+    return text
 
 
 def table(rows: list[dict], title: str) -> Table:
@@ -111,15 +138,6 @@ def table(rows: list[dict], title: str) -> Table:
     out.add_column("strategy")
     for what in ("GPU peak", "host RSS", "NVMe read/step", "NVMe write/step", "step time"):
         out.add_column(f"{what}\npred / meas (ratio)", justify="right")
-
-    def cell(row, key, unit=2**30, fmt="{:.2f}", within=lambda r: True):
-        p, m = row[f"{key}_predicted"], row[f"{key}_measured"]
-        r = _ratio(m, p)
-        text = f"{'-' if p is None else fmt.format(p / unit)} / {'-' if m is None else fmt.format(m / unit)}"
-        if r is not None:
-            text += f" ([{'green' if within(r) else 'red'}]{r:.2f}[/])"
-        return text
-
     for row in rows:
         out.add_row(
             f"{row['strategy']}\n[dim]{row['status']}[/]",
@@ -133,6 +151,23 @@ def table(rows: list[dict], title: str) -> Table:
         "GiB, except NVMe (MiB) and step time (s); ratio = measured / predicted; "
         "goals: GPU +-10%, NVMe +-5%, step <= 1.5x"
     )
+    return out
+
+
+def phase_table(rows: list[dict], title: str) -> Table:
+    """Where the predicted step and the measured one part: by phase, steady-step means."""
+    out = Table(title=title, header_style="bold")
+    out.add_column("strategy")
+    for what in ("forward + backward", "optimizer phase", "mean step"):
+        out.add_column(f"{what} s\npred / meas (ratio)", justify="right")
+    out.add_column("other s\nmeas", justify="right")
+    for row in rows:
+        out.add_row(
+            row["strategy"],
+            *(cell(row, key, 1, "{:.3f}") for key in ("training", "optimizer", "mean_step")),
+            "-" if row["other_measured"] is None else f"{row['other_measured']:.3f}",
+        )
+    out.caption = "the plan's bound split where a run's phase timings split a step; ratio = measured / predicted"
     return out
 
 
@@ -166,6 +201,7 @@ def main() -> None:
             links=load_links(args.links, args.tuned) if args.links else None,
         )
     console.print(table(rows, f"plan accuracy: {args.spec}"))
+    console.print(phase_table(rows, f"step by phase: {args.spec}"))
     if args.results:
         args.results.write_text(json.dumps(rows, indent=2))
 

@@ -325,6 +325,13 @@ class StepBound:
     parts: dict[str, float]
     """Seconds each link or phase needs on its own."""
     bytes_moved: dict[str, float]
+    training_s: float
+    """Forward and backward with what overlaps them; the rest of `seconds` follows backward (the optimizer
+    phase), as a run's phase timings split a step."""
+
+    @property
+    def optimizer_s(self) -> float:
+        return self.seconds - self.training_s
 
 
 def buffers_for(shape: Shape) -> SwapBuffers:

@@ -98,7 +98,7 @@ def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> Ste
         + after.get("param_upload", 0.0)
     )
     bottleneck = max(parts, key=parts.get)
-    return StepBound(seconds, bottleneck, parts, moved)
+    return StepBound(seconds, bottleneck, parts, moved, overlapped)
 
 
 @dataclass(frozen=True)
