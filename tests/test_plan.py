@@ -3,6 +3,7 @@ the files `--write` emits loaded by the tools that read them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -504,6 +505,27 @@ def test_fsdp2_with_deepspeeds_cpu_adam_is_weighed_at_its_rate_and_a_specs_zenfl
     # ZenFlow keeps its selective AdamW's 16-bit moments for the top 10% of columns on the GPU.
     zero2 = predictions["zero2-cpu"]
     assert predictions["zf"].memory.gpu_bytes - zero2.memory.gpu_bytes == pytest.approx(4 * 0.1 * n)
+
+
+def test_zero3_uploads_parameters_it_keeps_on_the_gpu_at_the_converting_rate_where_one_was_measured():
+    """stage3 copies the pageable fp32 partition into the GPU's 16-bit one (a converting copy from pageable
+    memory: 2.06x the optimizer phase's bound at 1.42B on an H200); ZeRO-2 casts into a pinned buffer."""
+    shape = _shape("gpt-1.4b")
+    n = shape.n_params
+
+    def upload_s(links: Links, **settings) -> float | None:
+        strategy = DeepSpeedStrategy(name="s", engine="deepspeed", offload_optimizer="cpu", **settings)
+        return step_time_bound(Placement(strategy), shape, 1, links).parts.get("param_upload")
+
+    measured = dataclasses.replace(LINKS, converting_upload_params_per_s=5e8)
+    assert upload_s(measured, zero_stage=3) == pytest.approx(n / 5e8)
+    assert upload_s(LINKS, zero_stage=3) == pytest.approx(2 * n / LINKS.pcie_h2d)  # not measured: pinned
+    assert upload_s(measured, zero_stage=2) == upload_s(LINKS, zero_stage=2) == pytest.approx(2 * n / LINKS.pcie_h2d)
+    half = Placement(DeepSpeedStrategy(name="s", engine="deepspeed", offload_optimizer="cpu", zero_stage=3, ratio=0.5))
+    share = deepspeed.host_optimizer_share(half, shape, 1)  # whole sub-groups: 0.29 here
+    assert 0 < share < 1
+    assert upload_s(measured, zero_stage=3, ratio=0.5) == pytest.approx(share * n / 5e8)  # the host's share
+    assert upload_s(measured, zero_stage=3, offload_param="cpu") is None  # parameters fetched in forward instead
 
 
 @pytest.mark.parametrize("overlap_step", [True, False])

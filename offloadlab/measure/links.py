@@ -82,6 +82,9 @@ ADAM_PROBE = HostProbe(bytes_per_element=16, min_numel=8 << 20)  # fp32 paramete
 HOST_PASSES_PROBE = HostProbe(bytes_per_element=4 + 4 + 2, min_numel=32 << 20)  # fp32 gradient and master, 16-bit copy
 
 
+UPLOAD_PROBE = HostProbe(bytes_per_element=4 + 2, min_numel=64 << 20)  # fp32 master, 16-bit copy
+
+
 ADAM_KINDS = ("deepspeed-cpu", "torch", "fused")
 
 
@@ -121,6 +124,23 @@ def measure_host_passes_params_per_s(numel: int | None = None, repeats: int = 3)
         half.copy_(master)
 
     return numel / best_seconds(passes, repeats, cuda=False)
+
+
+def measure_converting_upload_params_per_s(numel: int | None = None, repeats: int = 3) -> float | None:
+    """Parameters per second of what DeepSpeed's ZeRO-3 upload adds to a host pass, with the parameters on
+    the GPU and the optimizer offloaded: stage3 copies each updated fp32 sub-group (pageable host memory)
+    into the GPU's 16-bit partition with one `copy_`, and torch converts such a copy on the CPU into a
+    pageable temporary, then uploads from pageable memory. The host passes already count one fp32 -> 16-bit
+    pass, so this is the copy's time less a host-side 16-bit copy. None without a GPU."""
+    if not torch.cuda.is_available():
+        return None
+    numel = numel or UPLOAD_PROBE.numel()
+    master = torch.ones(numel)
+    on_host = torch.empty(numel, dtype=torch.bfloat16)
+    on_device = torch.empty(numel, dtype=torch.bfloat16, device="cuda")
+    upload = best_seconds(lambda: on_device.copy_(master), repeats, cuda=True)
+    host_pass = best_seconds(lambda: on_host.copy_(master), repeats, cuda=False)
+    return numel / max(upload - host_pass, 1e-9)
 
 
 # A CPU takes seconds for one full-size block; the rate per FLOP holds at this size.

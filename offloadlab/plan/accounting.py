@@ -316,6 +316,10 @@ class Links:
     device_fused_adam_params_per_s: float | None = None
     """torch's fused AdamW on the training device: the stand-in for DeepSpeed's FusedAdam (one kernel a
     chunk, the same bytes)."""
+    converting_upload_params_per_s: float | None = None
+    """What ZeRO-3's upload of the updated parameters adds to the host passes when they live on the GPU:
+    a converting copy from pageable memory (`measure_converting_upload_params_per_s`); None: not measured,
+    and that upload is bounded at the pinned PCIe rate."""
 
 
 @dataclass(frozen=True)

@@ -317,7 +317,11 @@ def optimizer_phase(
     if p.strategy.offload_optimizer == "nvme":
         out["nvme_optimizer"] = swap_read / links.nvme_read + swap_write / links.nvme_write
     upload = param_upload_bytes(p, shape, world)
-    if upload and links.pcie_h2d:
+    if upload and p.strategy.zero_stage == 3 and links.converting_upload_params_per_s:
+        # stage3 uploads from the pageable fp32 partition, converting on the CPU (ZeRO-1/2 cast into a
+        # pinned 16-bit buffer first and upload at the pinned rate).
+        out["param_upload"] = upload / shape.param_bytes / links.converting_upload_params_per_s / every
+    elif upload and links.pcie_h2d:
         out["param_upload"] = upload / links.pcie_h2d / every
     return out
 

@@ -25,7 +25,7 @@ def measure_links(
 ) -> Links:
     ensure_built(("cpu_adam", "async_io") if nvme_path is not None else ("cpu_adam",), announce_on(console))
     with console.status(
-        "measuring links: PCIe copy, Adam on CPU (DeepSpeed's op) and device, host passes, "
+        "measuring links: PCIe copies, Adam on CPU (DeepSpeed's op) and device, host passes, "
         "one block's forward and backward, NVMe"
     ):
         pcie = measure.measure_pinned_copy()
@@ -52,6 +52,7 @@ def measure_links(
             torch_cpu_adam_params_per_s=torch_cpu_adam,
             device_adam_params_per_s=device_adam[0],
             device_fused_adam_params_per_s=device_adam[1],
+            converting_upload_params_per_s=measure.measure_converting_upload_params_per_s() if pcie else None,
             host_passes_params_per_s=measure.measure_host_passes_params_per_s(),
             flops_per_s=measure.measure_block_flops(cfg, spec.seq_len, spec.micro_batch, spec.precision),
             flops_source=BLOCK_MEASURED,

@@ -84,6 +84,10 @@ def machine_table(m: Machine, link: Links) -> Table:
         else f"{link.device_adam_params_per_s / 1e6:.0f} / {link.device_fused_adam_params_per_s / 1e6:.0f} M params/s",
     )
     table.add_row("host passes (clip, fp32 -> 16-bit)", f"{link.host_passes_params_per_s / 1e6:.0f} M params/s")
+    if link.converting_upload_params_per_s:  # measured only where there is a GPU
+        table.add_row(
+            "ZeRO-3 upload (pageable, converting)", f"{link.converting_upload_params_per_s / 1e6:.0f} M params/s"
+        )
     table.add_row("compute", f"{link.flops_per_s / 1e12:.2f} TFLOP/s ({link.flops_source})")
     return table
 
