@@ -129,7 +129,7 @@ def test_the_binding_constraint_is_named_and_offload_rescues_a_model_the_gpu_can
 
 
 @pytest.mark.parametrize("placement", [_zero("zero2-cpu", 2, "cpu"), _fsdp2("fsdp2-cpu-offload", cpu_offload=True)])
-def test_a_cpu_optimizer_step_pays_adam_and_the_host_passes_after_backward(placement):
+def test_a_cpu_optimizer_step_pays_adam_and_the_host_passes_after_backward_and_the_hand_off_in_it(placement):
     shape = _shape("gpt-1.4b")
     adam_rate = (
         LINKS.cpu_adam_params_per_s if placement.strategy.engine == "deepspeed" else LINKS.torch_cpu_adam_params_per_s
@@ -141,8 +141,13 @@ def test_a_cpu_optimizer_step_pays_adam_and_the_host_passes_after_backward(place
     # FSDP2's offloaded shards stay on the host.
     upload = 2 * shape.n_params / LINKS.pcie_h2d if placement.strategy.engine == "deepspeed" else 0.0
     assert bound.parts.get("param_upload", 0.0) == pytest.approx(upload)
-    serial = ("cpu_adam", "host_passes", "param_upload")
+    # DeepSpeed's backward waits on each gradient's hand-off to its fp32 buffer on the host, one host pass;
+    # FSDP2 copies the reduced shards asynchronously.
+    handoff = shape.n_params / LINKS.host_passes_params_per_s if placement.strategy.engine == "deepspeed" else None
+    assert bound.parts.get("grad_handoff") == (None if handoff is None else pytest.approx(handoff))
+    serial = ("cpu_adam", "host_passes", "param_upload", "grad_handoff")
     overlapped = max(v for k, v in bound.parts.items() if k not in serial)
+    assert bound.training_s == pytest.approx(overlapped + bound.parts.get("grad_handoff", 0.0))
     assert bound.seconds == pytest.approx(overlapped + sum(bound.parts.get(k, 0.0) for k in serial))
 
 
@@ -548,10 +553,12 @@ def test_zenflow_carries_a_quarter_of_the_cpu_update_a_step_and_overlaps_it_with
     assert bound.parts["device_adam"] == pytest.approx(0.1 * n / LINKS.device_adam_params_per_s)  # every step
     training = max(plain.parts[k] for k in ("compute", "pcie_h2d", "pcie_d2h"))
     after_backward = bound.parts["device_adam"] + bound.parts["param_upload"]
+    handoff = bound.parts["grad_handoff"]  # every gradient still goes to the host in backward
+    assert handoff == pytest.approx(plain.parts["grad_handoff"])
     if overlap_step:  # the CPU's update runs beside the next steps' forward and backward
-        assert bound.training_s == pytest.approx(max(training, cpu_update))
+        assert bound.training_s == pytest.approx(max(training, cpu_update) + handoff)
         assert bound.optimizer_s == pytest.approx(after_backward)
     else:
-        assert bound.training_s == pytest.approx(training)
+        assert bound.training_s == pytest.approx(training + handoff)
         assert bound.optimizer_s == pytest.approx(cpu_update + after_backward)
     assert bound.seconds < plain.seconds

@@ -331,6 +331,17 @@ def zenflow_update_interval(zenflow: ZenFlowSettings) -> int:
     return zenflow.update_interval if isinstance(zenflow.update_interval, int) else 1
 
 
+def serial_in_backward(p: Placement, shape: Shape, world: int, links: Links) -> dict[str, float]:
+    """Host work each micro-batch's backward waits on: with the optimizer offloaded, every gradient is
+    handed to the CPU and cast into (ZeRO-1/2: accumulated in) its fp32 buffer there, one host pass per
+    micro-batch, inside the backward hooks. On the H200 hosts ZeRO-2's backward took 0.17 s more than
+    FSDP2's at 1.42B; one host pass over its parameters predicts 0.19 s (bench/results/2026-12-04-cpu-s14)."""
+    if p.strategy.offload_optimizer == "none":
+        return {}
+    on_host = host_optimizer_share(p, shape, world) * shape.n_params / world
+    return {"grad_handoff": shape.grad_accum * on_host / links.host_passes_params_per_s}
+
+
 def overlapped_with_training(p: Placement) -> tuple[str, ...]:
     """The optimizer parts that run while the next steps' forward and backward do: ZenFlow's CPU update
     with overlap_step. SuperOffload's overlap is not counted: it steps the CPU's sub-groups before the

@@ -81,6 +81,11 @@ def optimizer_phase(
     return {"device_adam": on_rank / links.device_adam_params_per_s} if links.device_adam_params_per_s else {}
 
 
+def serial_in_backward(p: Placement, shape: Shape, world: int, links: Links) -> dict[str, float]:
+    """None: CPUOffloadPolicy copies each reduced gradient shard to the host asynchronously (a PCIe part)."""
+    return {}
+
+
 def overlapped_with_training(p: Placement) -> tuple[str, ...]:
     return ()
 
