@@ -25,6 +25,11 @@ from offloadlab.spec import ZenFlowSettings
 
 # DeepSpeed's default reduce_bucket_size (offloadlab leaves it alone), in elements of the model's dtype.
 DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
+# ZeRO-3's forward + backward over ZeRO-2's, both with the parameters on the GPU and the optimizer on the
+# CPU, 1.42B GPT (293 parameter tensors), one micro-batch, on two 16-core H200 hosts: 0.13-0.16 s, about
+# 0.5 ms a parameter tensor (0.64 ms with the parameters on the CPU). Host (Python) time: a slower host
+# takes longer.
+ZERO3_HOOK_S_PER_TENSOR = 0.5e-3
 
 
 @dataclass(frozen=True)
@@ -331,15 +336,21 @@ def zenflow_update_interval(zenflow: ZenFlowSettings) -> int:
     return zenflow.update_interval if isinstance(zenflow.update_interval, int) else 1
 
 
-def serial_in_backward(p: Placement, shape: Shape, world: int, links: Links) -> dict[str, float]:
-    """Host work each micro-batch's backward waits on: with the optimizer offloaded, every gradient is
-    handed to the CPU and cast into (ZeRO-1/2: accumulated in) its fp32 buffer there, one host pass per
-    micro-batch, inside the backward hooks. On the H200 hosts ZeRO-2's backward took 0.17 s more than
-    FSDP2's at 1.42B; one host pass over its parameters predicts 0.19 s (bench/results/2026-12-04-cpu-s14)."""
-    if p.strategy.offload_optimizer == "none":
-        return {}
-    on_host = host_optimizer_share(p, shape, world) * shape.n_params / world
-    return {"grad_handoff": shape.grad_accum * on_host / links.host_passes_params_per_s}
+def serial_in_training(p: Placement, shape: Shape, world: int, links: Links) -> dict[str, float]:
+    """Host work each micro-batch's forward and backward wait on, after what overlaps in them.
+    - The gradient hand-off: with the optimizer offloaded, every gradient is handed to the CPU and cast into
+      (ZeRO-1/2: accumulated in) its fp32 buffer there, inside the backward hooks: one host pass. On the
+      H200 hosts ZeRO-2's backward took 0.17 s more than FSDP2's at 1.42B; the pass predicts 0.19 s.
+    - ZeRO-3's hooks: its per-module fetch/release and per-parameter gradient hooks (ZERO3_HOOK_S_PER_TENSOR),
+      whether the parameters live on the GPU or the CPU.
+    Both from the stored 1.42B runs' phases (bench/results/2026-12-04-cpu-s14)."""
+    out = {}
+    if p.strategy.offload_optimizer != "none":
+        on_host = host_optimizer_share(p, shape, world) * shape.n_params / world
+        out["grad_handoff"] = shape.grad_accum * on_host / links.host_passes_params_per_s
+    if p.strategy.zero_stage == 3:
+        out["zero3_hooks"] = shape.grad_accum * len(shape.param_numels) * ZERO3_HOOK_S_PER_TENSOR
+    return out
 
 
 def overlapped_with_training(p: Placement) -> tuple[str, ...]:

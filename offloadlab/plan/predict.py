@@ -65,7 +65,7 @@ def predict_memory(
 
 def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> StepBound:
     """Lower bound: compute (at the measured block rate), PCIe and parameter fetches overlap in forward and
-    backward, and the host work backward waits on (DeepSpeed's gradient hand-off) adds to them; the
+    backward, and the host work they wait on (DeepSpeed's gradient hand-off, ZeRO-3's hooks) adds to them; the
     optimizer phase follows backward: Adam where the optimizer lives, on the host with the
     two passes around it (or the NVMe swap where that is longer) and the updated parameters' upload. An
     engine that runs part of its optimizer beside the next steps' training (ZenFlow) has that part in the
@@ -88,7 +88,7 @@ def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> Ste
         parts["nvme_params"] = param_nvme / links.nvme_read
     optimizer = engine.optimizer_phase(p, shape, world, links, moved["nvme_read"] - param_nvme, moved["nvme_write"])
     concurrent = engine.overlapped_with_training(p)
-    serial = engine.serial_in_backward(p, shape, world, links)
+    serial = engine.serial_in_training(p, shape, world, links)
     training = max(*parts.values(), sum(v for k, v in optimizer.items() if k in concurrent)) + sum(serial.values())
     parts.update(serial)
     parts.update(optimizer)
