@@ -65,10 +65,10 @@ def predict_memory(
 
 def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> StepBound:
     """Lower bound: compute (at the measured block rate), PCIe and parameter fetches overlap in forward and
-    backward, and the host work they wait on (DeepSpeed's gradient hand-off, ZeRO-3's hooks) adds to them; the
-    optimizer phase follows backward: Adam where the optimizer lives, on the host with the
-    two passes around it (or the NVMe swap where that is longer) and the updated parameters' upload. An
-    engine that runs part of its optimizer beside the next steps' training (ZenFlow) has that part in the
+    backward, and the host work they wait on (DeepSpeed's gradient hand-off, the engines' hooks) adds to
+    them; the optimizer phase follows backward: Adam where the optimizer lives, on the host with the two
+    passes around it (or the NVMe swap where that is longer) and the updated parameters' upload. An engine
+    that runs part of its optimizer beside the next steps' training (ZenFlow) has that part in the
     overlapped maximum instead."""
     engine = engine_model(p)
     moved = engine.step_bytes(p, shape, world)
