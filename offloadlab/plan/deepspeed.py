@@ -79,6 +79,11 @@ def host_optimizer_share(p: Placement, shape: Shape, world: int) -> float:
     return sum(host_sub_groups(p, shape, world)) / sum(sub_groups(shape, world, p.strategy.sub_group_size))
 
 
+def host_optimizer_params(p: Placement, shape: Shape, world: int) -> float:
+    """The parameters a rank's optimizer updates off the GPU (its host share of the rank's partition)."""
+    return host_optimizer_share(p, shape, world) * shape.n_params / world
+
+
 def host_sub_groups(p: Placement, shape: Shape, world: int) -> list[int]:
     """The ZeRO-3 sub-groups whose optimizer is off the GPU, in elements."""
     groups = sub_groups(shape, world, p.strategy.sub_group_size)
@@ -269,7 +274,7 @@ def param_upload_bytes(p: Placement, shape: Shape, world: int) -> float:
     parameters live on the GPU (with ratio < 1, only the host's share)."""
     if p.strategy.offload_optimizer == "none" or p.strategy.offload_param != "none":
         return 0.0
-    return host_optimizer_share(p, shape, world) * shape.param_bytes * shape.n_params / world
+    return shape.param_bytes * host_optimizer_params(p, shape, world)
 
 
 def param_nvme_read_bytes(p: Placement, shape: Shape, world: int) -> float:
@@ -303,7 +308,7 @@ def optimizer_phase(
             if links.device_fused_adam_params_per_s
             else {}
         )
-    on_host = host_optimizer_share(p, shape, world) * on_rank
+    on_host = host_optimizer_params(p, shape, world)
     on_device = on_rank - on_host
     # ZenFlow updates its top-k columns on the GPU every step and the rest on the CPU once every
     # update_interval steps: a step carries that share of the CPU's update and of the upload after it.
@@ -346,8 +351,9 @@ def serial_in_training(p: Placement, shape: Shape, world: int, links: Links) -> 
     Both from the stored 1.42B runs' phases (bench/results/2026-12-04-cpu-s14)."""
     out = {}
     if p.strategy.offload_optimizer != "none":
-        on_host = host_optimizer_share(p, shape, world) * shape.n_params / world
-        out["grad_handoff"] = shape.grad_accum * on_host / links.host_passes_params_per_s
+        out["grad_handoff"] = (
+            shape.grad_accum * host_optimizer_params(p, shape, world) / links.host_passes_params_per_s
+        )
     if p.strategy.zero_stage == 3:
         out["zero3_hooks"] = shape.grad_accum * len(shape.param_numels) * ZERO3_HOOK_S_PER_TENSOR
     return out

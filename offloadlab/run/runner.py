@@ -37,6 +37,7 @@ from offloadlab.results.summary import Planned, record_plan
 from offloadlab.results.tables import human_bytes
 from offloadlab.run.preflight import PreflightError, preflight_run
 from offloadlab.spec import RunSpec
+from offloadlab.train.gpu_budget import holds_a_gpu_of
 
 
 def worker_env(environ, tmp: Path) -> dict[str, str]:
@@ -340,8 +341,6 @@ class Runner:
 
 def held_to_budget(spec: RunSpec, machine: Machine, console: Console) -> Machine:
     """The machine as the spec's GPU memory budget leaves it, said before the run starts."""
-    from offloadlab.train.gpu_budget import holds_a_gpu_of
-
     budget = spec.gpu_memory_limit_gib
     if budget is None:
         return machine
