@@ -1,17 +1,18 @@
 """The planner's predictions against a real run of the same spec, strategy by strategy.
 
     python bench/plan_accuracy.py SPEC [--out RUN_DIR] [--results FILE.json]
-    python bench/plan_accuracy.py SPEC --store RUN_DIR [--gpus 1 --gpu-mem 139.8 --host-mem 125
-                                   --links PLAN.json] [--tuned DIR]
+    python bench/plan_accuracy.py SPEC --store RUN_DIR [--links PLAN.json | --gpus 1 --gpu-mem 139.8 --host-mem 125]
+                                   [--tuned DIR]
 
 Runs `offloadlab run SPEC` (real steps, telemetry on), then prints predicted vs measured peak GPU bytes
 (torch.cuda.memory_stats' allocated peak), host RSS peak, NVMe bytes read and written per step (the
 ranks' block-layer I/O) and the step time against the predicted lower bound, each with its ratio;
 then the step by phase: forward + backward and the optimizer phase, measured (the run's phase timings)
 against the parts of the bound that fall there.
---store compares a run made before. For one made elsewhere give the machine it ran on, the links measured
-there (`offloadlab plan SPEC --json` on that machine: PCIe, CPU Adam, host passes, block compute) and its
-tune folder for the drive rates; without --links every link is measured here.
+--store compares a run made before. For one made elsewhere give `offloadlab plan SPEC --json` from that
+machine (--links: the machine it planned for, with its budget and pinned rounding, and the links measured
+there: PCIe, CPU Adam, host passes, block compute) and its tune folder for the drive rates; without --links
+the machine is this one unless --gpus, --gpu-mem and --host-mem say otherwise, and every link is measured here.
 Goals (issue 6): GPU memory within +-10%, NVMe bytes within +-5%, step time within 1.5x.
 Without a GPU the device is the CPU: GPU bytes are not measured and host RSS is compared with the
 predicted host + device bytes.
@@ -31,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from offloadlab.measure.links import nvme_from_tune_store
-from offloadlab.plan.accounting import Links, Placement, StepBound
+from offloadlab.plan.accounting import Links, Machine, Placement, StepPrediction
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
 from offloadlab.plan.output import machine_table
 from offloadlab.plan.predict import predict
@@ -52,6 +53,11 @@ def load_links(plan_json: Path, tuned_dir: Path | None) -> Links:
     return links
 
 
+def load_machine(plan_json: Path) -> Machine:
+    """The machine another machine's `plan --json` planned for: its GPUs, budget, RAM and pinned rounding."""
+    return Machine(**json.loads(plan_json.read_text())["machine"])
+
+
 def _ratio(measured: float | None, predicted: float | None) -> float | None:
     return None if not measured or not predicted else measured / predicted
 
@@ -66,6 +72,7 @@ def compare(
     gpu_mem_gib: float | None = None,
     host_mem_gib: float | None = None,
     links: Links | None = None,
+    machine: Machine | None = None,
 ) -> list[dict]:
     """The machine figures and links are those the run had, where it ran elsewhere; None: this machine's."""
     spec = load_spec(spec_path)
@@ -73,6 +80,8 @@ def compare(
         spec_path, gpus=gpus, gpu_mem_gib=gpu_mem_gib, host_mem_gib=host_mem_gib, tuned_dir=tuned_dir
     )
     inputs = PlanInputs.gather(request, console, links=links)
+    if machine is not None:
+        inputs = dataclasses.replace(inputs, machine=machine)
     console.print(machine_table(inputs.machine, inputs.links))  # the links every bound below is computed from
     measured = {s.name: s for s in summarize(RunStore(run_dir))}
     gpu = inputs.machine.gpu_mem_bytes is not None
@@ -109,7 +118,7 @@ def compare(
     return rows
 
 
-def phase_fields(bound: StepBound | None, measured) -> dict:
+def phase_fields(bound: StepPrediction | None, measured) -> dict:
     """The step split as a run's phase timings split it: forward + backward (with what overlaps them),
     the optimizer phase after backward, and the rest, predicted and measured (steady-step means)."""
     phases = measured.phase_seconds or {}
@@ -181,7 +190,9 @@ def main() -> None:
     parser.add_argument("--gpu-mem", type=float, help="GiB per GPU of the machine the run had")
     parser.add_argument("--host-mem", type=float)
     parser.add_argument("--tuned", type=Path, help="Tune folder whose drive rates the step bound uses")
-    parser.add_argument("--links", type=Path, help="`offloadlab plan --json` output from the run's machine: its links")
+    parser.add_argument(
+        "--links", type=Path, help="`offloadlab plan --json` output from the run's machine: its links and machine"
+    )
     args = parser.parse_args()
     console = Console(width=170)
     with tempfile.TemporaryDirectory() as scratch:
@@ -199,6 +210,7 @@ def main() -> None:
             gpu_mem_gib=args.gpu_mem,
             host_mem_gib=args.host_mem,
             links=load_links(args.links, args.tuned) if args.links else None,
+            machine=load_machine(args.links) if args.links else None,
         )
     console.print(table(rows, f"plan accuracy: {args.spec}"))
     console.print(phase_table(rows, f"step by phase: {args.spec}"))

@@ -389,9 +389,17 @@ def plan(
     largest,
     as_json,
 ) -> None:
-    """Predict memory and a step-time bound for every placement on this machine, rank what fits."""
+    """Predict memory and the step time of every placement on this machine, rank what fits."""
     from offloadlab.plan.inputs import PlanInputs, PlanRequest
-    from offloadlab.plan.output import breakdown_table, machine_table, plan_json, plan_table, write_plan
+    from offloadlab.plan.output import (
+        bindings_json,
+        breakdown_table,
+        machine_table,
+        past_the_largest,
+        plan_json,
+        plan_table,
+        write_plan,
+    )
 
     if as_json:
         _stdout_for_json_only()
@@ -416,7 +424,7 @@ def plan(
         inputs = PlanInputs.gather(request, console)
     except SpecError as err:
         _fail(str(err))
-    from offloadlab.plan.predict import largest_model, why_winner
+    from offloadlab.plan.predict import largest_model, one_more_layer, why_winner
     from offloadlab.plan.predict import plan as make_plan
 
     if largest:
@@ -426,14 +434,20 @@ def plan(
         if found is None:
             _fail("not even the smallest preset fits this machine")
         inputs = inputs.with_model(*found)
+        past_shape, past = one_more_layer(found[0], inputs.shape_of, inputs.machine, inputs.links)
 
     predictions = make_plan(inputs.shape, inputs.machine, inputs.links, inputs.buffers, also=inputs.spec_placements)
     if as_json:
-        click.echo(json.dumps(plan_json(inputs, predictions), indent=2))
+        result = plan_json(inputs, predictions)
+        if largest:
+            result["one_more_layer"] = {"shape": dataclasses.asdict(past_shape), **bindings_json(past)}
+        click.echo(json.dumps(result, indent=2))
     else:
         console.print(machine_table(inputs.machine, inputs.links))
         console.print(plan_table(predictions, f"offloadlab plan: {inputs.title}"))
         console.print(why_winner(predictions))
+        if largest:
+            console.print(past_the_largest(past_shape, past, predictions))
     if write_dir:
         feasible = [x for x in predictions if x.fits]
         pick = (

@@ -311,7 +311,7 @@ class Links:
     flops_source: str
     device_adam_params_per_s: float | None = None
     """torch's AdamW as FSDP2 builds it (foreach on a GPU), on the training device; None: not measured
-    (planning for a GPU this machine lacks, or links recorded before it was measured), and the bounds
+    (planning for a GPU this machine lacks, or links recorded before it was measured), and the predictions
     leave that step out."""
     device_fused_adam_params_per_s: float | None = None
     """torch's fused AdamW on the training device: the stand-in for DeepSpeed's FusedAdam (one kernel a
@@ -323,7 +323,7 @@ class Links:
 
 
 @dataclass(frozen=True)
-class StepBound:
+class StepPrediction:
     seconds: float
     bottleneck: str
     parts: dict[str, float]

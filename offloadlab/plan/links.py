@@ -1,4 +1,4 @@
-"""The link rates a plan's step bounds are computed from, measured on this machine (or read from a tune)."""
+"""The link rates a plan's step predictions are computed from, measured on this machine (or read from a tune)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def measure_links(
         return Links(
             nvme_read=nvme[0] if nvme else None,
             nvme_write=nvme[1] if nvme else None,
-            nvme_source=nvme[2] if nvme else "no --nvme given: NVMe placements get no step bound",
+            nvme_source=nvme[2] if nvme else "no --nvme given: NVMe placements get no predicted step",
             pcie_h2d=pcie.host_to_device_gbps * 1e9 if pcie else None,
             pcie_d2h=pcie.device_to_host_gbps * 1e9 if pcie else None,
             cpu_adam_params_per_s=measure.measure_adam_params_per_s("deepspeed-cpu"),

@@ -27,7 +27,7 @@ def plan_table(predictions: list[Prediction], title: str) -> Table:
         "GPU GiB",
         "host GiB\n(pinned)",
         "NVMe GiB",
-        "step bound (s)",
+        "step (s)\npredicted",
         "bound by",
     ):
         table.add_column(col, justify="left" if col in ("strategy", "binding constraint", "bound by") else "right")
@@ -79,7 +79,7 @@ def machine_table(m: Machine, link: Links) -> Table:
     )
     table.add_row(
         "device Adam (torch / fused)",
-        "- (no GPU here to measure: not in the bounds)"
+        "- (no GPU here to measure: not in the predictions)"
         if link.device_adam_params_per_s is None
         else f"{link.device_adam_params_per_s / 1e6:.0f} / {link.device_fused_adam_params_per_s / 1e6:.0f} M params/s",
     )
@@ -109,13 +109,28 @@ def plan_json(inputs: PlanInputs, predictions: list[Prediction]) -> dict:
                 "pinned_bytes": x.memory.pinned_bytes,
                 "nvme_bytes": x.memory.nvme_bytes,
                 "memory": asdict(x.memory),
-                "step_bound_s": x.step.seconds if x.step else None,
+                "step_s": x.step.seconds if x.step else None,
                 "bound_by": x.step.bottleneck if x.step else None,
                 "bytes_per_step": x.step.bytes_moved if x.step else None,
             }
             for x in predictions
         ],
     }
+
+
+def bindings_json(predictions: list[Prediction]) -> dict:
+    return {"fits": any(x.fits for x in predictions), "bindings": {x.placement.name: x.binding for x in predictions}}
+
+
+def past_the_largest(shape: Shape, past: list[Prediction], predictions: list[Prediction]) -> str:
+    """One line for `plan --largest`: one more layer, and what stops the first pick there."""
+    size = f"one more layer ({shape.n_params / 1e9:.2f}B params)"
+    still = [x.placement.name for x in past if x.fits]
+    if still:  # the search's bisection makes this impossible; said rather than hidden
+        return f"{size} still fits: {', '.join(still)}"
+    pick = next((x for x in predictions if x.fits), None)
+    there = next((x for x in past if pick and x.placement.name == pick.placement.name), None)
+    return f"{size} fits no placement" + (f"; {there.placement.name} there: {there.binding}" if there else "")
 
 
 def breakdown_table(x: Prediction) -> Table:
@@ -243,7 +258,8 @@ def planned_for_spec(path: Path, spec: RunSpec, shape: Shape) -> dict[str, Plann
         raise SpecError(f"--plan {path} has no prediction for {', '.join(missing)}: {remake}")
     link = (links["pcie_h2d"] / 1e9, links["pcie_d2h"] / 1e9) if links["pcie_h2d"] and links["pcie_d2h"] else None
     return {
-        name: Planned(x["step_bound_s"], x["bound_by"], x["gpu_bytes"], x["host_bytes"], link)
+        # plans written before the step was calibrated (session 15) call it a bound: step_bound_s
+        name: Planned(x.get("step_s", x.get("step_bound_s")), x["bound_by"], x["gpu_bytes"], x["host_bytes"], link)
         for name, x in found.items()
     }
 

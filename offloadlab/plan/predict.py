@@ -21,7 +21,7 @@ from offloadlab.plan.accounting import (
     Memory,
     Placement,
     Shape,
-    StepBound,
+    StepPrediction,
     SwapBuffers,
     activation_bytes,
     buffers_for,
@@ -63,13 +63,13 @@ def predict_memory(
     return m
 
 
-def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> StepBound:
-    """Lower bound: compute (at the measured block rate), PCIe and parameter fetches overlap in forward and
-    backward, and the host work they wait on (DeepSpeed's gradient hand-off, the engines' hooks) adds to
-    them; the optimizer phase follows backward: Adam where the optimizer lives, on the host with the two
-    passes around it (or the NVMe swap where that is longer) and the updated parameters' upload. An engine
-    that runs part of its optimizer beside the next steps' training (ZenFlow) has that part in the
-    overlapped maximum instead."""
+def predict_step(p: Placement, shape: Shape, world: int, links: Links) -> StepPrediction:
+    """The step predicted from the links' rates and the overheads measured on the H200 hosts: compute (at
+    the measured block rate), PCIe and parameter fetches overlap in forward and backward, and the host work
+    they wait on (DeepSpeed's gradient hand-off, the engines' hooks) adds to them; the optimizer phase
+    follows backward: Adam where the optimizer lives, on the host with the passes around it (or the NVMe
+    swap where that is longer) and the updated parameters' upload. An engine that runs part of its optimizer
+    beside the next steps' training (ZenFlow) has that part in the overlapped maximum instead."""
     engine = engine_model(p)
     moved = engine.step_bytes(p, shape, world)
     tokens = shape.seq_len * shape.micro_batch * shape.grad_accum
@@ -101,7 +101,7 @@ def step_time_bound(p: Placement, shape: Shape, world: int, links: Links) -> Ste
         + after.get("param_upload", 0.0)
     )
     bottleneck = max(parts, key=parts.get)
-    return StepBound(seconds, bottleneck, parts, moved, training)
+    return StepPrediction(seconds, bottleneck, parts, moved, training)
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Prediction:
     fits: bool
     binding: str
     """The constraint that fails, or the tightest one when all hold."""
-    step: StepBound | None
+    step: StepPrediction | None
 
 
 def _constraints(m: Memory, machine: Machine, world: int) -> dict[str, tuple[float, float]]:
@@ -127,6 +127,13 @@ def _constraints(m: Memory, machine: Machine, world: int) -> dict[str, tuple[flo
     return out
 
 
+def _usage(constraint: str, needed: float, available: float, machine: Machine) -> str:
+    text = f"{constraint}: {needed / GiB:.1f} of {available / GiB:.1f} GiB"
+    if constraint == "GPU memory":
+        text += f" usable ({GPU_USABLE_SHARE:.0%} of {machine.gpu_mem_bytes / GiB:.1f})"
+    return text
+
+
 def predict(
     p: Placement, shape: Shape, machine: Machine, links: Links | None, buffers: SwapBuffers | None = None
 ) -> Prediction:
@@ -134,14 +141,14 @@ def predict(
     m = predict_memory(p, shape, world, buffers, machine.gpu_mem_bytes is not None, machine.pinned_exact)
     constraints = _constraints(m, machine, world)
     use = {k: need / have if have else math.inf for k, (need, have) in constraints.items()}
-    tightest = max(use, key=use.get)
-    fits = use[tightest] <= 1.0
-    needed, available = constraints[tightest]
-    binding = f"{tightest}: {needed / GiB:.1f} of {available / GiB:.1f} GiB"
-    if tightest == "GPU memory":
-        binding += f" usable ({GPU_USABLE_SHARE:.0%} of {machine.gpu_mem_bytes / GiB:.1f})"
+    tightest = sorted(use, key=use.get, reverse=True)
+    fits = use[tightest[0]] <= 1.0
+    # What does not fit names every constraint it breaks, the worst first: one layer past the largest GPT
+    # under a 24 GiB budget broke the GPU share and host RAM both, and host RAM is what ended it on the H200.
+    broken = tightest[:1] if fits else [k for k in tightest if use[k] > 1.0]
+    binding = "; ".join(_usage(k, *constraints[k], machine) for k in broken)
     usable_links = links is not None and (links.nvme_read or not p.strategy.uses_nvme)
-    step = step_time_bound(p, shape, world, links) if usable_links else None
+    step = predict_step(p, shape, world, links) if usable_links else None
     return Prediction(p, m, fits, binding, step)
 
 
@@ -194,7 +201,7 @@ def why_winner(predictions: list[Prediction]) -> str:
         return f"nothing fits: the smallest placement, {tight.placement.name}, needs {tight.binding}"
     win = feasible[0]
     text = (
-        f"{win.placement.name} wins: it fits ({win.binding}) and its bound is {win.step.seconds:.3g} s/step, "
+        f"{win.placement.name} wins: it fits ({win.binding}) and its predicted step is {win.step.seconds:.3g} s, "
         f"set by {win.step.bottleneck} ({win.step.parts[win.step.bottleneck]:.3g} s)"
     )
     if len(feasible) > 1:
@@ -211,8 +218,9 @@ def why_winner(predictions: list[Prediction]) -> str:
 def largest_model(
     presets: dict[str, GPTConfig], shape_of, machine: Machine, links: Links | None
 ) -> tuple[GPTConfig, str] | None:
-    """The largest GPT some placement fits: the biggest preset that fits, then the next preset's width with
-    as many layers as still fit (bisection on n_layers). `shape_of(cfg)` gives a Shape at the run's batch.
+    """The largest GPT some placement fits: the biggest preset that fits, then, at its width and at the next
+    preset's, as many layers as still fit (bisection on n_layers); the larger of the two wins. One more layer
+    at the winner's width does not fit. `shape_of(cfg)` gives a Shape at the run's batch.
     Returns (config, how it was found), or None when not even the smallest preset fits."""
 
     def fits(cfg: GPTConfig) -> bool:
@@ -223,18 +231,28 @@ def largest_model(
     fitting = [(name, cfg) for name, cfg in ordered if fits(cfg)]
     if not fitting:
         return None
-    name, best = fitting[-1]
-    found = f"preset {name}"
-    bigger = [(n, cfg) for n, cfg in ordered if cfg.n_params > best.n_params]
-    if bigger:
-        wider_name, wider = bigger[0]
-        low, high = 0, wider.n_layers  # fits(low layers) holds or low = 0; fits(high) does not
-        while high - low > 1:
-            mid = (low + high) // 2
-            low, high = (mid, high) if fits(replace(wider, n_layers=mid)) else (low, mid)
-        if low and replace(wider, n_layers=low).n_params > best.n_params:
-            best, found = (
-                replace(wider, n_layers=low),
-                f"{wider_name}'s width with {low} of its {wider.n_layers} layers",
-            )
+    name, preset = fitting[-1]
+    best, found = preset, f"preset {name}"
+    bigger = [(n, cfg) for n, cfg in ordered if cfg.n_params > preset.n_params]
+    for width_name, width in [(name, preset), *bigger[:1]]:
+        cfg = replace(width, n_layers=_most_layers(width, fits))
+        if cfg.n_layers and cfg.n_params > best.n_params:
+            best, found = cfg, f"{width_name}'s width with {cfg.n_layers} layers (the preset has {width.n_layers})"
     return best, found
+
+
+def one_more_layer(cfg: GPTConfig, shape_of, machine: Machine, links: Links | None) -> tuple[Shape, list[Prediction]]:
+    """The plan for cfg with one more layer: past `plan --largest`'s pick, where each placement stops fitting."""
+    shape = shape_of(replace(cfg, n_layers=cfg.n_layers + 1))
+    return shape, plan(shape, machine, links, buffers_for(shape))
+
+
+def _most_layers(cfg: GPTConfig, fits) -> int:
+    """The most layers of cfg's width that fit (0 if not one does): double until one does not, then bisect."""
+    low, high = 0, cfg.n_layers
+    while fits(replace(cfg, n_layers=high)):
+        low, high = high, 2 * high
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(replace(cfg, n_layers=mid)) else (low, mid)
+    return low

@@ -26,7 +26,7 @@ class Planned:
     """What `offloadlab plan` predicted for a strategy, and the links it measured, held beside the run."""
 
     step_s: float | None
-    """The plan's step bound; None where it had no bound (a placement that did not fit)."""
+    """The plan's predicted step; None where it had none (a placement that did not fit)."""
     bound_by: str | None
     gpu_bytes: float
     host_bytes: float
@@ -124,7 +124,7 @@ class StrategySummary:
 
     @property
     def step_against_plan(self) -> float | None:
-        """The mean steady step over the plan's bound (1.0: the step the plan said)."""
+        """The mean steady step over the plan's prediction (1.0: the step the plan said)."""
         if self.planned is None or not self.planned.step_s or not self.mean_step_time_s:
             return None
         return self.mean_step_time_s / self.planned.step_s

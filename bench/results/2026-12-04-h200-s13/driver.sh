@@ -27,7 +27,7 @@ spec.update(steps=14, verify_checkpoint=False)
 spec["model"]["activation_checkpointing"] = pick["activation_checkpointing"]
 spec["strategy"] = [{k: v for k, v in pick["placement"].items() if v is not None}]
 open(out, "w").write(tomli_w.dumps(spec))
-print(pick["strategy"], pick["binding"], pick["step_bound_s"])
+print(pick["strategy"], pick["binding"], pick.get("step_s", pick.get("step_bound_s")))
 PY
 cp "$W/spec_${G}_$K.toml" "$R/"
 T=${T:-400}
