@@ -9,7 +9,7 @@ import torch
 
 from offloadlab.spec import DataSpec, ModelSpec
 from offloadlab.workload.data import TokenSource
-from offloadlab.workload.model import PRESETS, build_model, gpt_config
+from offloadlab.workload.model import INIT_CHUNK, PRESETS, build_model, gpt_config
 
 
 def test_preset_sizes():
@@ -23,6 +23,25 @@ def test_same_seed_same_weights_other_seed_other_weights():
     a, b, c = (build_model(ModelSpec(preset="tiny"), 32, seed) for seed in (0, 0, 1))
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert not torch.equal(a.tok_emb.weight, c.tok_emb.weight)
+
+
+def test_weights_are_the_same_however_many_threads_fill_them_and_are_drawn_from_a_normal():
+    """Each weight's chunks are filled in parallel (one generator: about 90 s for a 7.7B GPT)."""
+    spec = ModelSpec(d_model=512, n_layers=1, n_heads=8, vocab_size=16384)  # embedding: 2 chunks of INIT_CHUNK
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = build_model(spec, 32, seed=0)
+        torch.set_num_threads(4)
+        four = build_model(spec, 32, seed=0)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(x, y) for x, y in zip(one.state_dict().values(), four.state_dict().values()))
+    emb = one.tok_emb.weight.detach().view(-1)
+    assert emb.numel() > INIT_CHUNK
+    first, second = emb[:INIT_CHUNK], emb[INIT_CHUNK:]
+    assert not torch.equal(first[: second.numel()], second)  # each chunk its own stream
+    assert emb.std().item() == pytest.approx(0.02, rel=0.01) and abs(emb.mean().item()) < 1e-4
 
 
 def test_a_step_has_the_same_samples_however_ranks_and_accumulation_split_it():
