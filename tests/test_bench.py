@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import pytest
 from rich.console import Console
 
 from conftest import REPO, load_bench
+from offloadlab.plan.accounting import Links, Machine
+from offloadlab.spec import load_spec
 
 S4_STORE = REPO / "bench/results/2026-12-02-h200-s4/at_scale-1.4b"
 
@@ -81,3 +84,43 @@ def test_at_scale_from_results_names_what_a_folder_lacks(tmp_path):
     assert proc.returncode != 0
     assert "lacks offloadlab.sqlite, spec.toml, tune.json" in proc.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_the_budget_grid_holds_the_same_placements_around_the_largest_gpt():
+    """bench/budget_grid.py's cells for session 15's `plan --largest --gpu-mem 24` on the H200 (7.67B, 36
+    layers): 35-37 layers, the two placements that fit and the one least over."""
+    grid = load_bench("budget_grid")
+    results = REPO / "bench/results/2026-12-04-h200-s15/budget_24"
+    planned = json.loads((results / "plan_24.json").read_text())
+    machine, links = Machine(**planned["machine"]), Links(**planned["links"])
+    spec = load_spec(results / "spec_24_1.toml")
+    cells = grid.grid_cells(spec, machine, links, around=1, count=3)
+    assert [c.n_layers for c in cells] == [35] * 3 + [36] * 3 + [37] * 3
+    names = [c.planned.placement.name for c in cells[3:6]]
+    assert names[:2] == ["fsdp2-cpu-offload-dsadam", "fsdp2-cpu-offload"]  # what fits, fastest first
+    third = cells[5].planned
+    others = [x for x in plan_at(spec, machine, links) if not x.fits and x.placement.name not in names[:2]]
+    assert not third.fits and third.use == min(x.use for x in others)
+    assert [c.planned.fits for c in cells[3:5]] == [True, True] and not any(c.planned.fits for c in cells[6:])
+    assert all(a.n_params < b.n_params for a, b in zip(cells[0::3], cells[3::3]))
+    # Each cell's spec: the base spec at that size with the placement as its only strategy, a few steps.
+    raw = grid.cell_spec(spec, cells[6], steps=4)
+    assert raw["model"]["n_layers"] == 37 and raw["steps"] == 4 and not raw["verify_checkpoint"]
+    assert [s["name"] for s in raw["strategy"]] == ["fsdp2-cpu-offload-dsadam"]
+    assert raw["gpu_memory_limit_gib"] == 24.0
+    # The verdicts: a fit that trains agrees, a "does not fit" that trains does not, a failure settles nothing.
+    fit, unfit = cells[3], cells[6]
+    fit.status, unfit.status = "done", "done"
+    assert fit.agrees is True and unfit.agrees is False
+    unfit.status = "does_not_fit"
+    assert unfit.agrees is True
+    fit.status = "failed"
+    assert fit.agrees is None
+
+
+def plan_at(spec, machine, links):
+    from offloadlab.plan.accounting import buffers_for, shape_of_spec
+    from offloadlab.plan.predict import plan
+
+    shape = shape_of_spec(spec)
+    return plan(shape, machine, links, buffers_for(shape))

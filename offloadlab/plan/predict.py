@@ -110,8 +110,10 @@ class Prediction:
     memory: Memory
     fits: bool
     binding: str
-    """The constraint that fails, or the tightest one when all hold."""
+    """The constraints that fail, or the tightest one when all hold."""
     step: StepPrediction | None
+    use: float
+    """The tightest constraint's need over what it has: at most 1 where the placement fits."""
 
 
 def _constraints(m: Memory, machine: Machine, world: int) -> dict[str, tuple[float, float]]:
@@ -149,7 +151,7 @@ def predict(
     binding = "; ".join(_usage(k, *constraints[k], machine) for k in broken)
     usable_links = links is not None and (links.nvme_read or not p.strategy.uses_nvme)
     step = predict_step(p, shape, world, links) if usable_links else None
-    return Prediction(p, m, fits, binding, step)
+    return Prediction(p, m, fits, binding, step, use[tightest[0]])
 
 
 def plan(

@@ -1,0 +1,155 @@
+"""No false fits: the plan's verdicts around the largest GPT under a GPU budget, each run for real.
+
+    python bench/budget_grid.py --plan PLAN.json --spec WRITTEN.toml --gpu-mem G --out DIR
+                                [--around 1] [--placements 3] [--steps 4] [--timeout 420] [--dry-run]
+
+PLAN.json and WRITTEN.toml come from `offloadlab plan --largest --gpu-mem G --json --write W` on the machine
+that runs the grid (the plan's machine and links; the written spec's batch, precision and budget). The grid
+is the largest GPT's width with AROUND layers fewer to AROUND more, times the PLACEMENTS placements that
+come closest to fitting the largest (those that fit, fastest first, then the least over). Each cell is run
+with `offloadlab run --force` under the budget for STEPS steps (the peaks come in the first step, where the
+optimizer's states are made). A cell the plan says fits must train; one it says does not fit must end
+"does not fit". The table says where they agree; DIR/grid.json holds every cell. --dry-run prints the
+plan's side only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomli_w
+from rich.console import Console
+from rich.table import Table
+
+from offloadlab.plan.accounting import GiB, Links, Machine, Placement, buffers_for, shape_of_spec
+from offloadlab.plan.output import run_spec_for
+from offloadlab.plan.predict import Prediction, plan, predict
+from offloadlab.results.status import Status
+from offloadlab.results.store import RunStore
+from offloadlab.results.summary import summarize
+from offloadlab.spec import RunSpec, load_spec
+
+
+@dataclass
+class Cell:
+    n_layers: int
+    n_params: int
+    planned: Prediction
+    status: str = "not run"
+    outcome: str = ""
+
+    @property
+    def agrees(self) -> bool | None:
+        """Whether the run says what the plan said; None where the run settled nothing."""
+        if self.status == Status.DONE.value:
+            return self.planned.fits
+        if self.status == Status.DOES_NOT_FIT.value:
+            return not self.planned.fits
+        return None
+
+
+def closest_placements(predictions: list[Prediction], count: int) -> list[Placement]:
+    """Those that fit, fastest first (the plan's order), then those that do not, the least over first."""
+    fitting = [x for x in predictions if x.fits]
+    over = sorted((x for x in predictions if not x.fits), key=lambda x: x.use)
+    return [x.placement for x in (fitting + over)[:count]]
+
+
+def with_layers(spec: RunSpec, n_layers: int) -> RunSpec:
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"n_layers": n_layers})})
+
+
+def grid_cells(spec: RunSpec, machine: Machine, links: Links, around: int, count: int) -> list[Cell]:
+    """The plan for each cell: sizes by layer count around the spec's, the same placements at each."""
+    shape = shape_of_spec(spec)
+    placements = closest_placements(plan(shape, machine, links, buffers_for(shape)), count)
+    cells = []
+    for n_layers in range(spec.model.n_layers - around, spec.model.n_layers + around + 1):
+        sized = shape_of_spec(with_layers(spec, n_layers))
+        for p in placements:
+            cells.append(Cell(n_layers, sized.n_params, predict(p, sized, machine, links, buffers_for(sized))))
+    return cells
+
+
+def cell_spec(spec: RunSpec, cell: Cell, steps: int) -> dict:
+    raw = run_spec_for(spec, cell.planned, None)
+    raw["model"]["n_layers"] = cell.n_layers
+    raw.update(steps=steps, verify_checkpoint=False, name=f"grid-{cell.n_layers}-{cell.planned.placement.name}")
+    return raw
+
+
+def run_cell(cell: Cell, spec_file: Path, gpu_mem: float, out: Path, timeout_s: float) -> None:
+    command = [sys.executable, "-m", "offloadlab.cli", "run", str(spec_file), "--gpu-mem", str(gpu_mem)]
+    with open(out.with_suffix(".log"), "w") as log:
+        proc = subprocess.Popen([*command, "--force", "--out", str(out)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)  # as Ctrl-C: the CLI stops the run and removes what it made
+            proc.wait()
+            cell.status, cell.outcome = "timed out", f"still running after {timeout_s:.0f} s"
+            return
+    (summary,) = summarize(RunStore(out))
+    cell.status = summary.status.value
+    cell.outcome = f"trained {summary.steps_done} steps" if summary.status is Status.DONE else summary.reason or ""
+
+
+def grid_table(cells: list[Cell], gpu_mem: float) -> Table:
+    table = Table(title=f"no false fits: {gpu_mem:g} GiB budget", header_style="bold")
+    for col in ("GPT", "placement", "plan", "run", "agree"):
+        table.add_column(col)
+    for c in cells:
+        planned = ("fits: " if c.planned.fits else "no: ") + c.planned.binding
+        agree = {True: "[green]yes[/]", False: "[red]NO[/]", None: "-"}[c.agrees]
+        table.add_row(
+            f"{c.n_params / 1e9:.2f}B ({c.n_layers})",
+            c.planned.placement.name,
+            planned,
+            f"{c.status}: {c.outcome}" if c.outcome else c.status,
+            agree,
+        )
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", type=Path, required=True, help="`plan --largest --gpu-mem G --json` from here")
+    parser.add_argument("--spec", type=Path, required=True, help="the spec that plan's --write wrote")
+    parser.add_argument("--gpu-mem", type=float, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--around", type=int, default=1, help="layers fewer and more than the largest")
+    parser.add_argument("--placements", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=420, help="seconds a cell's run may take")
+    parser.add_argument("--dry-run", action="store_true", help="the plan's side only")
+    args = parser.parse_args()
+    planned = json.loads(args.plan.read_text())
+    machine, links = Machine(**planned["machine"]), Links(**planned["links"])
+    spec = load_spec(args.spec)
+    cells = grid_cells(spec, machine, links, args.around, args.placements)
+    console = Console(width=120)
+    if not args.dry_run:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for i, cell in enumerate(cells, 1):
+            console.print(f"[{i}/{len(cells)}] {cell.n_layers} layers, {cell.planned.placement.name}")
+            spec_file = args.out / f"{cell.n_layers}-{cell.planned.placement.name}.toml"
+            spec_file.write_text(tomli_w.dumps(cell_spec(spec, cell, args.steps)))
+            run_cell(cell, spec_file, args.gpu_mem, args.out / spec_file.stem, args.timeout)
+        rows = [
+            dict(n_layers=c.n_layers, n_params=c.n_params, placement=c.planned.placement.name, fits=c.planned.fits,
+                 binding=c.planned.binding, gpu_gib=c.planned.memory.gpu_bytes / GiB,
+                 host_gib=c.planned.memory.host_bytes / GiB, status=c.status, outcome=c.outcome, agrees=c.agrees)
+            for c in cells
+        ]  # fmt: skip
+        (args.out / "grid.json").write_text(json.dumps(rows, indent=2))
+    console.print(grid_table(cells, args.gpu_mem))
+
+
+if __name__ == "__main__":
+    main()
