@@ -123,14 +123,13 @@ def bindings_json(predictions: list[Prediction]) -> dict:
 
 
 def past_the_largest(shape: Shape, past: list[Prediction], predictions: list[Prediction]) -> str:
-    """One line for `plan --largest`: one more layer, and what stops the first pick there."""
-    size = f"one more layer ({shape.n_params / 1e9:.2f}B params)"
-    still = [x.placement.name for x in past if x.fits]
-    if still:  # the search's bisection makes this impossible; said rather than hidden
-        return f"{size} still fits: {', '.join(still)}"
+    """One line for `plan --largest`: one more layer (which the search leaves fitting no placement), and
+    what stops the first pick there."""
     pick = next((x for x in predictions if x.fits), None)
     there = next((x for x in past if pick and x.placement.name == pick.placement.name), None)
-    return f"{size} fits no placement" + (f"; {there.placement.name} there: {there.binding}" if there else "")
+    return f"one more layer ({shape.n_params / 1e9:.2f}B params) fits no placement" + (
+        f"; {there.placement.name} there: {there.binding}" if there else ""
+    )
 
 
 def breakdown_table(x: Prediction) -> Table:
