@@ -9,8 +9,9 @@ is the largest GPT's width with AROUND layers fewer to AROUND more, times the PL
 come closest to fitting the largest (those that fit, fastest first, then the least over). Each cell is run
 with `offloadlab run --force` under the budget for STEPS steps (the peaks come in the first step, where the
 optimizer's states are made). A cell the plan says fits must train; one it says does not fit must end
-"does not fit". The table says where they agree; DIR/grid.json holds every cell. --dry-run prints the
-plan's side only.
+"does not fit". The table says where they agree; DIR/grid.json holds every cell, written after each one,
+so the same command run again goes on where a stopped grid left off (a cell stopped by Ctrl-C is removed
+and run again). --dry-run prints the plan's side only.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class Cell:
     planned: Prediction
     status: str = "not run"
     outcome: str = ""
+    gpu_reserved_gib: float | None = None  # the run's peaks, where its telemetry got them
+    host_rss_gib: float | None = None
 
     @property
     def agrees(self) -> bool | None:
@@ -86,7 +89,8 @@ def cell_spec(spec: RunSpec, cell: Cell, steps: int) -> dict:
 
 def run_cell(cell: Cell, spec_file: Path, gpu_mem: float, out: Path, timeout_s: float) -> None:
     command = [sys.executable, "-m", "offloadlab.cli", "run", str(spec_file), "--gpu-mem", str(gpu_mem)]
-    with open(out.with_suffix(".log"), "w") as log:
+    log_path = out.with_suffix(".log")
+    with open(log_path, "w") as log:
         proc = subprocess.Popen([*command, "--force", "--out", str(out)], stdout=log, stderr=subprocess.STDOUT)
         try:
             proc.wait(timeout=timeout_s)
@@ -95,26 +99,76 @@ def run_cell(cell: Cell, spec_file: Path, gpu_mem: float, out: Path, timeout_s: 
             proc.wait()
             cell.status, cell.outcome = "timed out", f"still running after {timeout_s:.0f} s"
             return
+        except KeyboardInterrupt:  # Ctrl-C (or `timeout -s INT`) reaches the run's process group too: it removes
+            # its folder, and this its spec and log, so the cell is run again when the grid is resumed
+            proc.wait()
+            spec_file.unlink()
+            log_path.unlink()
+            raise
     (summary,) = summarize(RunStore(out))
     cell.status = summary.status.value
     cell.outcome = f"trained {summary.steps_done} steps" if summary.status is Status.DONE else summary.reason or ""
+    if summary.peak_reserved_bytes is not None:
+        cell.gpu_reserved_gib = summary.peak_reserved_bytes / GiB
+    if summary.host_rss_peak_bytes is not None:
+        cell.host_rss_gib = summary.host_rss_peak_bytes / GiB
+
+
+def resume(cells: list[Cell], grid_json: Path, gpu_mem: float) -> None:
+    """Takes the outcome of each cell an earlier run of the same grid settled."""
+    if not grid_json.exists():
+        return
+    earlier = json.loads(grid_json.read_text())
+    if earlier["gpu_mem_gib"] != gpu_mem:
+        sys.exit(f"{grid_json} is a grid at {earlier['gpu_mem_gib']:g} GiB, not {gpu_mem:g}: pass another --out")
+    ran = {(r["n_layers"], r["placement"]): r for r in earlier["cells"] if r["status"] != "not run"}
+    for c in cells:
+        row = ran.get((c.n_layers, c.planned.placement.name))
+        if row is not None:
+            c.status, c.outcome = row["status"], row["outcome"]
+            c.gpu_reserved_gib, c.host_rss_gib = row["gpu_reserved_gib"], row["host_rss_gib"]
+
+
+def write_grid(cells: list[Cell], gpu_mem: float, grid_json: Path) -> None:
+    rows = [
+        dict(n_layers=c.n_layers, n_params=c.n_params, placement=c.planned.placement.name, fits=c.planned.fits,
+             binding=c.planned.binding, gpu_gib=c.planned.memory.gpu_bytes / GiB,
+             host_gib=c.planned.memory.host_bytes / GiB, status=c.status, outcome=c.outcome, agrees=c.agrees,
+             gpu_reserved_gib=c.gpu_reserved_gib, host_rss_gib=c.host_rss_gib)
+        for c in cells
+    ]  # fmt: skip
+    grid_json.write_text(json.dumps({"gpu_mem_gib": gpu_mem, "cells": rows}, indent=2))
 
 
 def grid_table(cells: list[Cell], gpu_mem: float) -> Table:
     table = Table(title=f"no false fits: {gpu_mem:g} GiB budget", header_style="bold")
-    for col in ("GPT", "placement", "plan", "run", "agree"):
+    for col in ("GPT", "placement", "plan", "run", "GPU / host GiB\nplan; run peak", "agree"):
         table.add_column(col)
     for c in cells:
         planned = ("fits: " if c.planned.fits else "no: ") + c.planned.binding
         agree = {True: "[green]yes[/]", False: "[red]NO[/]", None: "-"}[c.agrees]
+        peaks = [f"{x:.1f}" if x is not None else "-" for x in (c.gpu_reserved_gib, c.host_rss_gib)]
         table.add_row(
             f"{c.n_params / 1e9:.2f}B ({c.n_layers})",
             c.planned.placement.name,
             planned,
             f"{c.status}: {c.outcome}" if c.outcome else c.status,
+            f"{c.planned.memory.gpu_bytes / GiB:.1f} / {c.planned.memory.host_bytes / GiB:.1f};\n" + " / ".join(peaks),
             agree,
         )
     return table
+
+
+def run_grid(cells: list[Cell], spec: RunSpec, args: argparse.Namespace, console: Console) -> None:
+    for i, cell in enumerate(cells, 1):
+        if cell.status != "not run":
+            continue
+        console.print(f"[{i}/{len(cells)}] {cell.n_layers} layers, {cell.planned.placement.name}")
+        spec_file = args.out / f"{cell.n_layers}-{cell.planned.placement.name}.toml"
+        spec_file.write_text(tomli_w.dumps(cell_spec(spec, cell, args.steps)))
+        run_cell(cell, spec_file, args.gpu_mem, args.out / spec_file.stem, args.timeout)
+        console.print(f"  {cell.status}: {cell.outcome}")
+        write_grid(cells, args.gpu_mem, args.out / "grid.json")
 
 
 def main() -> None:
@@ -136,18 +190,13 @@ def main() -> None:
     console = Console(width=120)
     if not args.dry_run:
         args.out.mkdir(parents=True, exist_ok=True)
-        for i, cell in enumerate(cells, 1):
-            console.print(f"[{i}/{len(cells)}] {cell.n_layers} layers, {cell.planned.placement.name}")
-            spec_file = args.out / f"{cell.n_layers}-{cell.planned.placement.name}.toml"
-            spec_file.write_text(tomli_w.dumps(cell_spec(spec, cell, args.steps)))
-            run_cell(cell, spec_file, args.gpu_mem, args.out / spec_file.stem, args.timeout)
-        rows = [
-            dict(n_layers=c.n_layers, n_params=c.n_params, placement=c.planned.placement.name, fits=c.planned.fits,
-                 binding=c.planned.binding, gpu_gib=c.planned.memory.gpu_bytes / GiB,
-                 host_gib=c.planned.memory.host_bytes / GiB, status=c.status, outcome=c.outcome, agrees=c.agrees)
-            for c in cells
-        ]  # fmt: skip
-        (args.out / "grid.json").write_text(json.dumps(rows, indent=2))
+        grid_json = args.out / "grid.json"
+        resume(cells, grid_json, args.gpu_mem)
+        try:
+            run_grid(cells, spec, args, console)
+        except KeyboardInterrupt:
+            console.print(grid_table(cells, args.gpu_mem))
+            sys.exit(f"interrupted: the settled cells are in {grid_json}; the same command goes on from them")
     console.print(grid_table(cells, args.gpu_mem))
 
 

@@ -118,6 +118,26 @@ def test_the_budget_grid_holds_the_same_placements_around_the_largest_gpt():
     assert fit.agrees is None
 
 
+def test_a_stopped_budget_grid_goes_on_from_the_cells_it_settled(tmp_path):
+    """The grid is written after each cell; run again, the settled cells keep their outcome and peaks, the
+    rest are run; a grid of another budget in the same folder is refused."""
+    grid = load_bench("budget_grid")
+    results = REPO / "bench/results/2026-12-04-h200-s15/budget_24"
+    planned = json.loads((results / "plan_24.json").read_text())
+    machine, links = Machine(**planned["machine"]), Links(**planned["links"])
+    spec = load_spec(results / "spec_24_1.toml")
+    cells = grid.grid_cells(spec, machine, links, around=1, count=3)
+    cells[0].status, cells[0].outcome, cells[0].gpu_reserved_gib, cells[0].host_rss_gib = "done", "trained", 21.5, 118
+    grid_json = tmp_path / "grid.json"
+    grid.write_grid(cells, 24.0, grid_json)
+    again = grid.grid_cells(spec, machine, links, around=1, count=3)
+    grid.resume(again, grid_json, 24.0)
+    assert (again[0].status, again[0].gpu_reserved_gib, again[0].host_rss_gib) == ("done", 21.5, 118)
+    assert again[0].agrees is True and {c.status for c in again[1:]} == {"not run"}
+    with pytest.raises(SystemExit, match="a grid at 24 GiB, not 48"):
+        grid.resume(again, grid_json, 48.0)
+
+
 def plan_at(spec, machine, links):
     from offloadlab.plan.accounting import buffers_for, shape_of_spec
     from offloadlab.plan.predict import plan
