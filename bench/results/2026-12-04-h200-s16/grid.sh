@@ -4,7 +4,7 @@
 # Usage: T=SECONDS bash bench/results/2026-12-04-h200-s16/grid.sh OUT G
 #   `offloadlab plan --largest --gpu-mem G` on this machine (kept as OUT/plan_G.json, its written spec as
 #   OUT/spec_G.toml), then bench/budget_grid.py's grid around that GPT, 3 steps a cell, stopped as by Ctrl-C
-#   after T seconds. Run again on the same machine (or with OUT's grid.json put back in $W/grid_G), it goes
+#   when the script has run T seconds. Run again on the same machine (or with OUT's grid.json put back in $W/grid_G), it goes
 #   on from the cells it settled. OUT gets the grid's table, grid.json, and its cells' stores and logs.
 set -u
 R=$1; G=$2; mkdir -p "$R"
@@ -16,7 +16,7 @@ python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder(
 [ -s "$W/plan_$G.json" ] || python3 -m offloadlab.cli plan --largest --gpu-mem "$G" --json --write "$W/plan_$G" \
   > "$W/plan_$G.json" 2> "$R/plan_$G.err"
 cp "$W/plan_$G.json" "$R/"; cp "$W/plan_$G"/*.toml "$R/spec_$G.toml"
-timeout -s INT "${T:-500}" python3 bench/budget_grid.py --plan "$W/plan_$G.json" --spec "$R/spec_$G.toml" \
+timeout -s INT "$((${T:-500} - SECONDS))" python3 bench/budget_grid.py --plan "$W/plan_$G.json" --spec "$R/spec_$G.toml" \
   --gpu-mem "$G" --steps 3 --out "$W/grid_$G" > "$R/grid_$G.txt" 2>&1
 echo "grid rc=$?" >> "$R/grid_$G.txt"
 for s in "$W/grid_$G"/*/offloadlab.sqlite; do
