@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from rich.table import Table
 from offloadlab.plan.accounting import GiB, Links, Machine, Placement, buffers_for, shape_of_spec
 from offloadlab.plan.output import run_spec_for
 from offloadlab.plan.predict import Prediction, plan, predict
+from offloadlab.results.rundir import RunDir
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore
 from offloadlab.results.summary import summarize
@@ -44,7 +46,8 @@ class Cell:
     planned: Prediction
     status: str = "not run"
     outcome: str = ""
-    gpu_reserved_gib: float | None = None  # the run's peaks, where its telemetry got them
+    gpu_allocated_gib: float | None = None  # the run's peaks, where its telemetry got them
+    gpu_reserved_gib: float | None = None
     host_rss_gib: float | None = None
 
     @property
@@ -87,6 +90,13 @@ def cell_spec(spec: RunSpec, cell: Cell, steps: int) -> dict:
     return raw
 
 
+def remove_attempt(spec_file: Path, out: Path) -> None:
+    """What a cell's attempt wrote: its spec, its log and its run folder (all named by this grid)."""
+    spec_file.unlink(missing_ok=True)
+    out.with_suffix(".log").unlink(missing_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+
+
 def run_cell(cell: Cell, spec_file: Path, gpu_mem: float, out: Path, timeout_s: float) -> None:
     command = [sys.executable, "-m", "offloadlab.cli", "run", str(spec_file), "--gpu-mem", str(gpu_mem)]
     log_path = out.with_suffix(".log")
@@ -99,23 +109,25 @@ def run_cell(cell: Cell, spec_file: Path, gpu_mem: float, out: Path, timeout_s: 
             proc.wait()
             cell.status, cell.outcome = "timed out", f"still running after {timeout_s:.0f} s"
             return
-        except KeyboardInterrupt:  # Ctrl-C (or `timeout -s INT`) reaches the run's process group too: it removes
-            # its folder, and this its spec and log, so the cell is run again when the grid is resumed
+        except KeyboardInterrupt:  # Ctrl-C (or `timeout -s INT`) reaches the run's process group too
             proc.wait()
-            spec_file.unlink()
-            log_path.unlink()
+            remove_attempt(spec_file, out)  # the run keeps its store; the cell is run again when resumed
             raise
+    read_run(cell, out)
+
+
+def read_run(cell: Cell, out: Path) -> None:
     (summary,) = summarize(RunStore(out))
     cell.status = summary.status.value
     cell.outcome = f"trained {summary.steps_done} steps" if summary.status is Status.DONE else summary.reason or ""
-    if summary.peak_reserved_bytes is not None:
-        cell.gpu_reserved_gib = summary.peak_reserved_bytes / GiB
-    if summary.host_rss_peak_bytes is not None:
-        cell.host_rss_gib = summary.host_rss_peak_bytes / GiB
+    peaks = (summary.peak_allocated_bytes, summary.peak_reserved_bytes, summary.host_rss_peak_bytes)
+    cell.gpu_allocated_gib, cell.gpu_reserved_gib, cell.host_rss_gib = (x / GiB if x else None for x in peaks)
 
 
-def resume(cells: list[Cell], grid_json: Path, gpu_mem: float) -> None:
-    """Takes the outcome of each cell an earlier run of the same grid settled."""
+def resume(cells: list[Cell], out: Path, gpu_mem: float) -> None:
+    """Takes the outcome of each cell an earlier run of the same grid settled: read again from its run's
+    store where that is still there (so the grid can be re-read against another planner), else as recorded."""
+    grid_json = out / "grid.json"
     if not grid_json.exists():
         return
     earlier = json.loads(grid_json.read_text())
@@ -124,9 +136,15 @@ def resume(cells: list[Cell], grid_json: Path, gpu_mem: float) -> None:
     ran = {(r["n_layers"], r["placement"]): r for r in earlier["cells"] if r["status"] != "not run"}
     for c in cells:
         row = ran.get((c.n_layers, c.planned.placement.name))
-        if row is not None:
+        if row is None:
+            continue
+        run_dir = out / f"{c.n_layers}-{c.planned.placement.name}"
+        if RunDir.at(run_dir).store_path.exists():
+            read_run(c, run_dir)
+        else:
             c.status, c.outcome = row["status"], row["outcome"]
-            c.gpu_reserved_gib, c.host_rss_gib = row["gpu_reserved_gib"], row["host_rss_gib"]
+            c.gpu_allocated_gib, c.gpu_reserved_gib = row.get("gpu_allocated_gib"), row["gpu_reserved_gib"]
+            c.host_rss_gib = row["host_rss_gib"]
 
 
 def write_grid(cells: list[Cell], gpu_mem: float, grid_json: Path) -> None:
@@ -134,27 +152,31 @@ def write_grid(cells: list[Cell], gpu_mem: float, grid_json: Path) -> None:
         dict(n_layers=c.n_layers, n_params=c.n_params, placement=c.planned.placement.name, fits=c.planned.fits,
              binding=c.planned.binding, gpu_gib=c.planned.memory.gpu_bytes / GiB,
              host_gib=c.planned.memory.host_bytes / GiB, status=c.status, outcome=c.outcome, agrees=c.agrees,
-             gpu_reserved_gib=c.gpu_reserved_gib, host_rss_gib=c.host_rss_gib)
+             gpu_allocated_gib=c.gpu_allocated_gib, gpu_reserved_gib=c.gpu_reserved_gib, host_rss_gib=c.host_rss_gib)
         for c in cells
     ]  # fmt: skip
     grid_json.write_text(json.dumps({"gpu_mem_gib": gpu_mem, "cells": rows}, indent=2))
 
 
 def grid_table(cells: list[Cell], gpu_mem: float) -> Table:
+    """One row a cell, for 80 columns: the plan's verdict names its constraints (their figures are in the
+    memory columns, planned -> measured peak), the run's says how it ended."""
     table = Table(title=f"no false fits: {gpu_mem:g} GiB budget", header_style="bold")
-    for col in ("GPT", "placement", "plan", "run", "GPU / host GiB\nplan; run peak", "agree"):
-        table.add_column(col)
+    for col in ("GPT", "placement", "plan", "run", "GPU GiB", "host GiB", "agree"):
+        table.add_column(col, overflow="fold")
     for c in cells:
-        planned = ("fits: " if c.planned.fits else "no: ") + c.planned.binding
-        agree = {True: "[green]yes[/]", False: "[red]NO[/]", None: "-"}[c.agrees]
-        peaks = [f"{x:.1f}" if x is not None else "-" for x in (c.gpu_reserved_gib, c.host_rss_gib)]
+        constraints = ", ".join(name.split(" ")[0] for name in c.planned.constraints)
+        ended = c.outcome.split(":")[0]  # "killed by the kernel's OOM killer (host RAM)", not its evidence
+        run = ended if c.status == Status.DONE.value else f"{c.status.replace('_', ' ')}: {ended}"
+        gpu, host = (f"{x:.1f}" if x is not None else "-" for x in (c.gpu_allocated_gib, c.host_rss_gib))
         table.add_row(
-            f"{c.n_params / 1e9:.2f}B ({c.n_layers})",
+            f"{c.n_params / 1e9:.2f}B\n{c.n_layers} layers",
             c.planned.placement.name,
-            planned,
-            f"{c.status}: {c.outcome}" if c.outcome else c.status,
-            f"{c.planned.memory.gpu_bytes / GiB:.1f} / {c.planned.memory.host_bytes / GiB:.1f};\n" + " / ".join(peaks),
-            agree,
+            ("fits" if c.planned.fits else "no") + f": {constraints}",
+            run,
+            f"{c.planned.memory.gpu_bytes / GiB:.1f}\n-> {gpu}",
+            f"{c.planned.memory.host_bytes / GiB:.1f}\n-> {host}",
+            {True: "[green]yes[/]", False: "[red]NO[/]", None: "-"}[c.agrees],
         )
     return table
 
@@ -165,6 +187,7 @@ def run_grid(cells: list[Cell], spec: RunSpec, args: argparse.Namespace, console
             continue
         console.print(f"[{i}/{len(cells)}] {cell.n_layers} layers, {cell.planned.placement.name}")
         spec_file = args.out / f"{cell.n_layers}-{cell.planned.placement.name}.toml"
+        remove_attempt(spec_file, args.out / spec_file.stem)  # one stopped by a kill, not settled in grid.json
         spec_file.write_text(tomli_w.dumps(cell_spec(spec, cell, args.steps)))
         run_cell(cell, spec_file, args.gpu_mem, args.out / spec_file.stem, args.timeout)
         console.print(f"  {cell.status}: {cell.outcome}")
@@ -187,11 +210,12 @@ def main() -> None:
     machine, links = Machine(**planned["machine"]), Links(**planned["links"])
     spec = load_spec(args.spec)
     cells = grid_cells(spec, machine, links, args.around, args.placements)
-    console = Console(width=120)
+    console = Console()
     if not args.dry_run:
         args.out.mkdir(parents=True, exist_ok=True)
         grid_json = args.out / "grid.json"
-        resume(cells, grid_json, args.gpu_mem)
+        resume(cells, args.out, args.gpu_mem)
+        write_grid(cells, args.gpu_mem, grid_json)
         try:
             run_grid(cells, spec, args, console)
         except KeyboardInterrupt:

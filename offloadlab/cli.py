@@ -24,8 +24,8 @@ console = Console() if sys.stdout.isatty() else Console(width=180)
 
 
 def _table_width() -> int:
-    """The width compare's table lays itself out for: the terminal's, or piped, the COLUMNS the caller set
-    up to the console's 180 (a wider layout printed into it lost its last columns)."""
+    """The width compare's and plan's tables lay themselves out for: the terminal's, or piped, the COLUMNS
+    the caller set up to the console's 180 (a wider layout printed into it lost its last columns)."""
     if sys.stdout.isatty():
         return console.width
     return min(int(os.environ.get("COLUMNS", console.width)), console.width)
@@ -443,11 +443,13 @@ def plan(
             result["one_more_layer"] = {"shape": dataclasses.asdict(past_shape), **bindings_json(past)}
         click.echo(json.dumps(result, indent=2))
     else:
-        console.print(machine_table(inputs.machine, inputs.links))
-        console.print(plan_table(predictions, f"offloadlab plan: {inputs.title}"))
-        console.print(why_winner(predictions))
+        console.print(machine_table(inputs.machine, inputs.links), width=_table_width())
+        console.print(
+            plan_table(predictions, f"offloadlab plan: {inputs.title}", inputs.machine), width=_table_width()
+        )
+        console.print(why_winner(predictions), width=_table_width())
         if largest:
-            console.print(past_the_largest(past_shape, past, predictions))
+            console.print(past_the_largest(past_shape, past, predictions), width=_table_width())
     if write_dir:
         feasible = [x for x in predictions if x.fits]
         pick = (

@@ -87,13 +87,10 @@ def test_at_scale_from_results_names_what_a_folder_lacks(tmp_path):
 
 
 def test_the_budget_grid_holds_the_same_placements_around_the_largest_gpt():
-    """bench/budget_grid.py's cells for session 15's `plan --largest --gpu-mem 24` on the H200 (7.67B, 36
+    """bench/budget_grid.py's cells for session 16's `plan --largest --gpu-mem 24` on the H200 (7.67B, 36
     layers): 35-37 layers, the two placements that fit and the one least over."""
     grid = load_bench("budget_grid")
-    results = REPO / "bench/results/2026-12-04-h200-s15/budget_24"
-    planned = json.loads((results / "plan_24.json").read_text())
-    machine, links = Machine(**planned["machine"]), Links(**planned["links"])
-    spec = load_spec(results / "spec_24_1.toml")
+    spec, machine, links = grid_24_on_the_h200()
     cells = grid.grid_cells(spec, machine, links, around=1, count=3)
     assert [c.n_layers for c in cells] == [35] * 3 + [36] * 3 + [37] * 3
     names = [c.planned.placement.name for c in cells[3:6]]
@@ -122,20 +119,47 @@ def test_a_stopped_budget_grid_goes_on_from_the_cells_it_settled(tmp_path):
     """The grid is written after each cell; run again, the settled cells keep their outcome and peaks, the
     rest are run; a grid of another budget in the same folder is refused."""
     grid = load_bench("budget_grid")
-    results = REPO / "bench/results/2026-12-04-h200-s15/budget_24"
-    planned = json.loads((results / "plan_24.json").read_text())
-    machine, links = Machine(**planned["machine"]), Links(**planned["links"])
-    spec = load_spec(results / "spec_24_1.toml")
+    spec, machine, links = grid_24_on_the_h200()
     cells = grid.grid_cells(spec, machine, links, around=1, count=3)
     cells[0].status, cells[0].outcome, cells[0].gpu_reserved_gib, cells[0].host_rss_gib = "done", "trained", 21.5, 118
     grid_json = tmp_path / "grid.json"
     grid.write_grid(cells, 24.0, grid_json)
     again = grid.grid_cells(spec, machine, links, around=1, count=3)
-    grid.resume(again, grid_json, 24.0)
+    grid.resume(again, tmp_path, 24.0)
     assert (again[0].status, again[0].gpu_reserved_gib, again[0].host_rss_gib) == ("done", 21.5, 118)
     assert again[0].agrees is True and {c.status for c in again[1:]} == {"not run"}
     with pytest.raises(SystemExit, match="a grid at 24 GiB, not 48"):
-        grid.resume(again, grid_json, 48.0)
+        grid.resume(again, tmp_path, 48.0)
+
+
+def test_every_verdict_of_the_plan_in_the_24_gib_grid_is_what_the_run_found():
+    """No false fits: the nine cells session 16 ran on the H200 under 24 GiB (35-37 layers of the largest
+    GPT's width, the plan's top three placements), each judged again by the planner as it is now. Four
+    trained, five were killed on host RAM; session 15's run of 37 layers under 48 GiB was killed too."""
+    grid = load_bench("budget_grid")
+    spec, machine, links = grid_24_on_the_h200()
+    cells = grid.grid_cells(spec, machine, links, around=1, count=3)
+    ran = json.loads((GRID_24 / "grid.json").read_text())
+    assert ran["gpu_mem_gib"] == 24.0
+    outcome = {(r["n_layers"], r["placement"]): r["status"] for r in ran["cells"]}
+    for c in cells:
+        c.status = outcome[(c.n_layers, c.planned.placement.name)]
+    assert [c.agrees for c in cells] == [True] * 9
+    assert sum(c.planned.fits for c in cells) == 4
+    # Under 48 GiB on session 15's machine (124.3 GiB available), the same GPT one layer larger
+    s15 = REPO / "bench/results/2026-12-04-h200-s15"
+    planned = json.loads((s15 / "budget_24/plan_24.json").read_text())
+    at_48 = Machine(**{**planned["machine"], "gpu_mem_bytes": 48 * 2**30})
+    fits = {c.n_layers: c.planned.fits for c in grid.grid_cells(spec, at_48, links, around=1, count=1)}
+    assert fits == {35: True, 36: True, 37: False}
+
+
+GRID_24 = REPO / "bench/results/2026-12-04-h200-s16/grid_24"
+
+
+def grid_24_on_the_h200():
+    planned = json.loads((GRID_24 / "plan_24.json").read_text())
+    return load_spec(GRID_24 / "spec_24.toml"), Machine(**planned["machine"]), Links(**planned["links"])
 
 
 def plan_at(spec, machine, links):

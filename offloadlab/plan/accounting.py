@@ -27,6 +27,12 @@ HOST_BASELINE_CUDA_BYTES = HOST_BASELINE_BYTES + (900 << 20)
 # The share of a GPU's memory a plan may fill with what it predicts: the rest is left to the CUDA context
 # and the caching allocator's fragmentation (reserved ran 5-60% above allocated in the H200 runs).
 GPU_USABLE_SHARE = 0.9
+# RAM a plan leaves beside its workers, of what is available when it is made: torchrun's agent (0.4 GiB),
+# the kernel's page tables for the workers (8 bytes a 4 KiB page: 0.24 GiB at 123 GiB) and the run's own
+# process, which holds ~0.8 GiB more than the planning one. On the H200 (session 16, 124.9 GiB available
+# to the plan) the largest worker that lived peaked at 122.6 GiB with 0.17 left; those one layer larger
+# were killed with the process tree at 123.1-123.2.
+HOST_RESERVED_BYTES = 2 * GiB
 
 
 @dataclass(frozen=True)

@@ -12,41 +12,34 @@ from rich.table import Table
 
 from offloadlab.plan.accounting import GiB, Links, Machine, Shape
 from offloadlab.plan.inputs import PlanInputs
-from offloadlab.plan.predict import Prediction
+from offloadlab.plan.predict import Prediction, usable, usable_text
 from offloadlab.results.summary import Planned
 from offloadlab.spec import RunSpec, SpecError, load_spec
 
 
-def plan_table(predictions: list[Prediction], title: str) -> Table:
-    table = Table(title=title, header_style="bold")
-    for col in (
-        "#",
-        "strategy",
-        "fits",
-        "binding constraint",
-        "GPU GiB",
-        "host GiB\n(pinned)",
-        "NVMe GiB",
-        "step (s)\npredicted",
-        "bound by",
-    ):
-        table.add_column(col, justify="left" if col in ("strategy", "binding constraint", "bound by") else "right")
-    rank = 0
-    for x in predictions:
-        fits = x.fits and x.step is not None
-        rank += fits
+def plan_table(predictions: list[Prediction], title: str, machine: Machine) -> Table:
+    """Placements, fastest fitting first, for 80 columns: "fits" names the constraint that binds (or all
+    that break), the memory columns hold the needs (pinned host bytes are in --json and the breakdown), and
+    the caption what a plan may fill of each."""
+    names = [name for name in ("GPU memory", "host RAM", "NVMe space") if name in usable(machine)]
+    caption = "a plan may fill: " + "; ".join(f"{name} {usable_text(name, machine)}" for name in names)
+    table = Table(title=title, caption=caption, header_style="bold")
+    table.add_column("strategy", overflow="fold", min_width=18)
+    table.add_column("fits", no_wrap=True)
+    for col in ("GPU\nGiB", "host\nGiB", "NVMe\nGiB"):
+        table.add_column(col, justify="right")
+    table.add_column("step s\n(bound by)", max_width=14)
+    for i, x in enumerate(predictions):
+        binds = ", ".join(name.split(" ")[0] for name in x.constraints)
         m = x.memory
         table.add_row(
-            str(rank) if fits else "-",
             x.placement.name,
-            "[green]yes[/]" if x.fits else "[red]no[/]",
-            x.binding,
+            f"[green]yes[/] ({binds})" if x.fits else f"[red]no[/]: {binds}",
             f"{m.gpu_bytes / GiB:.1f}",
-            f"{m.host_bytes / GiB:.1f} ({m.pinned_bytes / GiB:.1f})",
+            f"{m.host_bytes / GiB:.1f}",
             f"{m.nvme_bytes / GiB:.1f}",
-            "-" if x.step is None else f"{x.step.seconds:.3g}",
-            "-" if x.step is None else x.step.bottleneck,
-            style="bold green" if fits and rank == 1 else ("dim" if not x.fits else ""),
+            "-" if x.step is None else f"{x.step.seconds:.3g} {x.step.bottleneck}",
+            style="bold green" if i == 0 and x.fits and x.step else ("dim" if not x.fits else ""),
         )
     return table
 

@@ -15,6 +15,7 @@ from offloadlab.plan import deepspeed, fsdp2
 from offloadlab.plan.accounting import (
     GPU_USABLE_SHARE,
     HOST_BASELINE_CUDA_BYTES,
+    HOST_RESERVED_BYTES,
     GiB,
     Links,
     Machine,
@@ -114,26 +115,45 @@ class Prediction:
     step: StepPrediction | None
     use: float
     """The tightest constraint's need over what it has: at most 1 where the placement fits."""
+    constraints: tuple[str, ...]
+    """The names of those in `binding`, the worst first: "GPU memory", "host RAM", "NVMe space"."""
 
 
-def _constraints(m: Memory, machine: Machine, world: int) -> dict[str, tuple[float, float]]:
-    """name -> (needed, available), per host."""
-    out = {"host RAM": (m.host_bytes * world, machine.host_mem_bytes)}
+def usable(machine: Machine) -> dict[str, float]:
+    """What a plan may fill of each of this machine's memories, per host."""
+    out = {"host RAM": max(0.0, machine.host_mem_bytes - HOST_RESERVED_BYTES)}
     if machine.gpu_mem_bytes is not None:
-        out["GPU memory"] = (m.gpu_bytes, GPU_USABLE_SHARE * machine.gpu_mem_bytes)
-    else:
-        # No GPU: "device" memory is host RAM too.
-        out["host RAM"] = ((m.host_bytes + m.gpu_bytes) * world, machine.host_mem_bytes)
-    if m.nvme_bytes:
-        out["NVMe space"] = (m.nvme_bytes, machine.nvme_free_bytes or 0.0)
+        out["GPU memory"] = GPU_USABLE_SHARE * machine.gpu_mem_bytes
+    if machine.nvme_free_bytes is not None:
+        out["NVMe space"] = machine.nvme_free_bytes
     return out
 
 
-def _usage(constraint: str, needed: float, available: float, machine: Machine) -> str:
-    text = f"{constraint}: {needed / GiB:.1f} of {available / GiB:.1f} GiB"
+def usable_text(constraint: str, machine: Machine) -> str:
+    """How much of `constraint` a plan may fill, and why that much."""
+    text = f"{usable(machine).get(constraint, 0.0) / GiB:.1f} GiB"
     if constraint == "GPU memory":
         text += f" usable ({GPU_USABLE_SHARE:.0%} of {machine.gpu_mem_bytes / GiB:.1f})"
+    if constraint == "host RAM":
+        text += f" usable ({machine.host_mem_bytes / GiB:.1f} less {HOST_RESERVED_BYTES / GiB:.0f} for the launcher)"
     return text
+
+
+def _constraints(m: Memory, machine: Machine, world: int) -> dict[str, tuple[float, float]]:
+    """name -> (needed, usable), per host."""
+    have = usable(machine)
+    # No GPU: "device" memory is host RAM too.
+    host_need = m.host_bytes + (m.gpu_bytes if machine.gpu_mem_bytes is None else 0.0)
+    out = {"host RAM": (host_need * world, have["host RAM"])}
+    if machine.gpu_mem_bytes is not None:
+        out["GPU memory"] = (m.gpu_bytes, have["GPU memory"])
+    if m.nvme_bytes:
+        out["NVMe space"] = (m.nvme_bytes, have.get("NVMe space", 0.0))
+    return out
+
+
+def _usage(constraint: str, needed: float, machine: Machine) -> str:
+    return f"{constraint}: {needed / GiB:.1f} of {usable_text(constraint, machine)}"
 
 
 def predict(
@@ -148,10 +168,10 @@ def predict(
     # What does not fit names every constraint it breaks, the worst first: one layer past the largest GPT
     # under a 24 GiB budget broke the GPU share and host RAM both, and host RAM is what ended it on the H200.
     broken = tightest[:1] if fits else [k for k in tightest if use[k] > 1.0]
-    binding = "; ".join(_usage(k, *constraints[k], machine) for k in broken)
+    binding = "; ".join(_usage(k, constraints[k][0], machine) for k in broken)
     usable_links = links is not None and (links.nvme_read or not p.strategy.uses_nvme)
     step = predict_step(p, shape, world, links) if usable_links else None
-    return Prediction(p, m, fits, binding, step, use[tightest[0]])
+    return Prediction(p, m, fits, binding, step, use[tightest[0]], tuple(broken))
 
 
 def plan(
@@ -172,12 +192,12 @@ def plan(
                 p.varied(f"{p.name}+ac", activation_checkpointing=True), shape, machine, links, buffers
             )
             pred = checkpointed if checkpointed.fits else pred
-        if not pred.fits and pred.binding.startswith("host RAM"):
+        if not pred.fits and pred.constraints[0] == "host RAM":
             pred = _first_fitting(engine_model(p).when_host_ram_binds(p), shape, machine, links, buffers) or pred
         out.append(pred)
         # Keeping part of the optimizer on a GPU with room to spare speeds a fitting placement up, and
         # rescues one that host RAM cannot hold.
-        if (pred.fits or pred.binding.startswith("host RAM")) and machine.gpu_mem_bytes is not None:
+        if (pred.fits or pred.constraints[0] == "host RAM") and machine.gpu_mem_bytes is not None:
             world = max(1, machine.gpus)
             spare = GPU_USABLE_SHARE * machine.gpu_mem_bytes - pred.memory.gpu_bytes
             partial = engine_model(p).partial_offloads(pred.placement, shape, world, spare)

@@ -23,4 +23,7 @@ for s in "$W/grid_$G"/*/offloadlab.sqlite; do
   python3 -c "import sqlite3,sys; sqlite3.connect(sys.argv[1]).execute('PRAGMA wal_checkpoint(TRUNCATE)')" "$s"
 done
 cp "$W/grid_$G/grid.json" "$R/" 2>/dev/null
+# The logs name this machine's folders: write them as $W and $VENV
+V=$(python3 -c "import sys; print(sys.prefix)")
+find "$W/grid_$G" "$R" -name "*.log" -o -name "*.txt" -o -name "*.toml" -o -name "*.err" | xargs sed -i "s#$W#\$W#g; s#$V#\$VENV#g"
 tar -czf "$R/grid_$G.tar.gz" -C "$W" --exclude=checkpoints "grid_$G"
