@@ -11,7 +11,8 @@ with `offloadlab run --force` under the budget for STEPS steps (the peaks come i
 optimizer's states are made). A cell the plan says fits must train; one it says does not fit must end
 "does not fit". The table says where they agree; DIR/grid.json holds every cell, written after each one,
 so the same command run again goes on where a stopped grid left off (a cell stopped by Ctrl-C is removed
-and run again). --dry-run prints the plan's side only.
+and run again). Pointed at a finished grid's folder (one unpacked from bench/results), it runs nothing and
+judges the recorded runs again with the planner as it is. --dry-run prints the plan's side only.
 """
 
 from __future__ import annotations
