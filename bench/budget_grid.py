@@ -52,6 +52,11 @@ class Cell:
     host_rss_gib: float | None = None
 
     @property
+    def name(self) -> str:
+        """Its run folder's name, and its spec's and log's stem."""
+        return f"{self.n_layers}-{self.planned.placement.name}"
+
+    @property
     def agrees(self) -> bool | None:
         """Whether the run says what the plan said; None where the run settled nothing."""
         if self.status == Status.DONE.value:
@@ -139,7 +144,7 @@ def resume(cells: list[Cell], out: Path, gpu_mem: float) -> None:
         row = ran.get((c.n_layers, c.planned.placement.name))
         if row is None:
             continue
-        run_dir = out / f"{c.n_layers}-{c.planned.placement.name}"
+        run_dir = out / c.name
         if RunDir.at(run_dir).store_path.exists():
             read_run(c, run_dir)
         else:
@@ -166,14 +171,13 @@ def grid_table(cells: list[Cell], gpu_mem: float) -> Table:
     for col in ("GPT", "placement", "plan", "run", "GPU GiB", "host GiB", "agree"):
         table.add_column(col, overflow="fold")
     for c in cells:
-        constraints = ", ".join(name.split(" ")[0] for name in c.planned.constraints)
         ended = c.outcome.split(":")[0]  # "killed by the kernel's OOM killer (host RAM)", not its evidence
         run = ended if c.status == Status.DONE.value else f"{c.status.replace('_', ' ')}: {ended}"
         gpu, host = (f"{x:.1f}" if x is not None else "-" for x in (c.gpu_allocated_gib, c.host_rss_gib))
         table.add_row(
             f"{c.n_params / 1e9:.2f}B\n{c.n_layers} layers",
             c.planned.placement.name,
-            ("fits" if c.planned.fits else "no") + f": {constraints}",
+            ("fits" if c.planned.fits else "no") + f": {c.planned.binds}",
             run,
             f"{c.planned.memory.gpu_bytes / GiB:.1f}\n-> {gpu}",
             f"{c.planned.memory.host_bytes / GiB:.1f}\n-> {host}",
@@ -187,7 +191,7 @@ def run_grid(cells: list[Cell], spec: RunSpec, args: argparse.Namespace, console
         if cell.status != "not run":
             continue
         console.print(f"[{i}/{len(cells)}] {cell.n_layers} layers, {cell.planned.placement.name}")
-        spec_file = args.out / f"{cell.n_layers}-{cell.planned.placement.name}.toml"
+        spec_file = args.out / f"{cell.name}.toml"
         remove_attempt(spec_file, args.out / spec_file.stem)  # one stopped by a kill, not settled in grid.json
         spec_file.write_text(tomli_w.dumps(cell_spec(spec, cell, args.steps)))
         run_cell(cell, spec_file, args.gpu_mem, args.out / spec_file.stem, args.timeout)

@@ -30,11 +30,10 @@ def plan_table(predictions: list[Prediction], title: str, machine: Machine) -> T
         table.add_column(col, justify="right")
     table.add_column("step s\n(bound by)", max_width=14)
     for i, x in enumerate(predictions):
-        binds = ", ".join(name.split(" ")[0] for name in x.constraints)
         m = x.memory
         table.add_row(
             x.placement.name,
-            f"[green]yes[/] ({binds})" if x.fits else f"[red]no[/]: {binds}",
+            f"[green]yes[/] ({x.binds})" if x.fits else f"[red]no[/]: {x.binds}",
             f"{m.gpu_bytes / GiB:.1f}",
             f"{m.host_bytes / GiB:.1f}",
             f"{m.nvme_bytes / GiB:.1f}",

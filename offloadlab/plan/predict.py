@@ -118,6 +118,11 @@ class Prediction:
     constraints: tuple[str, ...]
     """The names of those in `binding`, the worst first: "GPU memory", "host RAM", "NVMe space"."""
 
+    @property
+    def binds(self) -> str:
+        """`constraints` in a table's few columns: "GPU, host"."""
+        return ", ".join(name.split(" ")[0] for name in self.constraints)
+
 
 def usable(machine: Machine) -> dict[str, float]:
     """What a plan may fill of each of this machine's memories, per host."""
@@ -199,7 +204,7 @@ def plan(
         # rescues one that host RAM cannot hold.
         if (pred.fits or pred.constraints[0] == "host RAM") and machine.gpu_mem_bytes is not None:
             world = max(1, machine.gpus)
-            spare = GPU_USABLE_SHARE * machine.gpu_mem_bytes - pred.memory.gpu_bytes
+            spare = usable(machine)["GPU memory"] - pred.memory.gpu_bytes
             partial = engine_model(p).partial_offloads(pred.placement, shape, world, spare)
             out += [x for x in [_first_fitting(partial, shape, machine, links, buffers)] if x is not None]
     feasible = sorted((x for x in out if x.fits and x.step), key=lambda x: x.step.seconds)
