@@ -1,7 +1,8 @@
 """No false fits: the plan's verdicts around the largest GPT under a GPU budget, each run for real.
 
     python bench/budget_grid.py --plan PLAN.json --spec WRITTEN.toml --gpu-mem G --out DIR
-                                [--around 1] [--placements 3] [--steps 4] [--timeout 420] [--dry-run]
+                                [--around 1] [--placements 3] [--steps 4] [--timeout 420] [--stop-by S]
+                                [--dry-run]
 
 PLAN.json and WRITTEN.toml come from `offloadlab plan --largest --gpu-mem G --json --write W` on the machine
 that runs the grid (the plan's machine and links; the written spec's batch, precision and budget). The grid
@@ -11,8 +12,10 @@ with `offloadlab run --force` under the budget for STEPS steps (the peaks come i
 optimizer's states are made). A cell the plan says fits must train; one it says does not fit must end
 "does not fit". The table says where they agree; DIR/grid.json holds every cell, written after each one,
 so the same command run again goes on where a stopped grid left off (a cell stopped by Ctrl-C is removed
-and run again). Pointed at a finished grid's folder (one unpacked from bench/results), it runs nothing and
-judges the recorded runs again with the planner as it is. --dry-run prints the plan's side only.
+and run again). --stop-by S stops it, as Ctrl-C would, before a cell that would end after S seconds from
+the start, judged by the longest cell the grid has timed (for calls of a fixed length: no cell is cut).
+Pointed at a finished grid's folder (one unpacked from bench/results), it runs nothing and judges the
+recorded runs again with the planner as it is; --dry-run runs nothing either, and judges what DIR holds.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +54,7 @@ class Cell:
     gpu_allocated_gib: float | None = None  # the run's peaks, where its telemetry got them
     gpu_reserved_gib: float | None = None
     host_rss_gib: float | None = None
+    seconds: float | None = None  # from its run's start to its end, where this grid timed it
 
     @property
     def name(self) -> str:
@@ -106,6 +111,7 @@ def remove_attempt(spec_file: Path, out: Path) -> None:
 def run_cell(cell: Cell, spec_file: Path, gpu_mem: float, out: Path, timeout_s: float) -> None:
     command = [sys.executable, "-m", "offloadlab.cli", "run", str(spec_file), "--gpu-mem", str(gpu_mem)]
     log_path = out.with_suffix(".log")
+    started = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen([*command, "--force", "--out", str(out)], stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -119,6 +125,7 @@ def run_cell(cell: Cell, spec_file: Path, gpu_mem: float, out: Path, timeout_s: 
             proc.wait()
             remove_attempt(spec_file, out)  # the run keeps its store; the cell is run again when resumed
             raise
+    cell.seconds = time.monotonic() - started
     read_run(cell, out)
 
 
@@ -151,6 +158,7 @@ def resume(cells: list[Cell], out: Path, gpu_mem: float) -> None:
             c.status, c.outcome = row["status"], row["outcome"]
             c.gpu_allocated_gib, c.gpu_reserved_gib = row.get("gpu_allocated_gib"), row["gpu_reserved_gib"]
             c.host_rss_gib = row["host_rss_gib"]
+        c.seconds = row.get("seconds")
 
 
 def write_grid(cells: list[Cell], gpu_mem: float, grid_json: Path) -> None:
@@ -158,7 +166,8 @@ def write_grid(cells: list[Cell], gpu_mem: float, grid_json: Path) -> None:
         dict(n_layers=c.n_layers, n_params=c.n_params, placement=c.planned.placement.name, fits=c.planned.fits,
              binding=c.planned.binding, gpu_gib=c.planned.memory.gpu_bytes / GiB,
              host_gib=c.planned.memory.host_bytes / GiB, status=c.status, outcome=c.outcome, agrees=c.agrees,
-             gpu_allocated_gib=c.gpu_allocated_gib, gpu_reserved_gib=c.gpu_reserved_gib, host_rss_gib=c.host_rss_gib)
+             gpu_allocated_gib=c.gpu_allocated_gib, gpu_reserved_gib=c.gpu_reserved_gib, host_rss_gib=c.host_rss_gib,
+             seconds=c.seconds)
         for c in cells
     ]  # fmt: skip
     grid_json.write_text(json.dumps({"gpu_mem_gib": gpu_mem, "cells": rows}, indent=2))
@@ -172,7 +181,8 @@ def grid_table(cells: list[Cell], gpu_mem: float) -> Table:
         table.add_column(col, overflow="fold")
     for c in cells:
         ended = c.outcome.split(":")[0]  # "killed by the kernel's OOM killer (host RAM)", not its evidence
-        run = ended if c.status == Status.DONE.value else f"{c.status.replace('_', ' ')}: {ended}"
+        status = c.status.replace("_", " ")
+        run = ended if c.status == Status.DONE.value else f"{status}: {ended}" if ended else status
         gpu, host = (f"{x:.1f}" if x is not None else "-" for x in (c.gpu_allocated_gib, c.host_rss_gib))
         table.add_row(
             f"{c.n_params / 1e9:.2f}B\n{c.n_layers} layers",
@@ -186,10 +196,19 @@ def grid_table(cells: list[Cell], gpu_mem: float) -> Table:
     return table
 
 
+def out_of_time(cells: list[Cell], started: float, stop_by: float | None) -> bool:
+    """Whether the next cell, taking as long as the longest one timed so far, would end after stop_by."""
+    timed = [c.seconds for c in cells if c.seconds is not None]
+    return stop_by is not None and bool(timed) and time.monotonic() - started + max(timed) > stop_by
+
+
 def run_grid(cells: list[Cell], spec: RunSpec, args: argparse.Namespace, console: Console) -> None:
+    started = time.monotonic()
     for i, cell in enumerate(cells, 1):
         if cell.status != "not run":
             continue
+        if out_of_time(cells, started, args.stop_by):
+            raise KeyboardInterrupt  # stops as Ctrl-C between cells would: the settled ones are in grid.json
         console.print(f"[{i}/{len(cells)}] {cell.n_layers} layers, {cell.planned.placement.name}")
         spec_file = args.out / f"{cell.name}.toml"
         remove_attempt(spec_file, args.out / spec_file.stem)  # one stopped by a kill, not settled in grid.json
@@ -209,17 +228,18 @@ def main() -> None:
     parser.add_argument("--placements", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=420, help="seconds a cell's run may take")
-    parser.add_argument("--dry-run", action="store_true", help="the plan's side only")
+    parser.add_argument("--stop-by", type=float, help="seconds from now by which the grid stops (no cell cut)")
+    parser.add_argument("--dry-run", action="store_true", help="run nothing: judge what --out holds, if anything")
     args = parser.parse_args()
     planned = json.loads(args.plan.read_text())
     machine, links = Machine(**planned["machine"]), Links(**planned["links"])
     spec = load_spec(args.spec)
     cells = grid_cells(spec, machine, links, args.around, args.placements)
     console = Console()
+    resume(cells, args.out, args.gpu_mem)
     if not args.dry_run:
         args.out.mkdir(parents=True, exist_ok=True)
         grid_json = args.out / "grid.json"
-        resume(cells, args.out, args.gpu_mem)
         write_grid(cells, args.gpu_mem, grid_json)
         try:
             run_grid(cells, spec, args, console)

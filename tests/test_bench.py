@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -90,7 +95,7 @@ def test_the_budget_grid_holds_the_same_placements_around_the_largest_gpt():
     """bench/budget_grid.py's cells for session 16's `plan --largest --gpu-mem 24` on the H200 (7.67B, 36
     layers): 35-37 layers, the two placements that fit and the one least over."""
     grid = load_bench("budget_grid")
-    spec, machine, links = grid_24_on_the_h200()
+    spec, machine, links = grid_on_the_h200(GRID_24, 24)
     cells = grid.grid_cells(spec, machine, links, around=1, count=3)
     assert [c.n_layers for c in cells] == [35] * 3 + [36] * 3 + [37] * 3
     names = [c.planned.placement.name for c in cells[3:6]]
@@ -119,7 +124,7 @@ def test_a_stopped_budget_grid_goes_on_from_the_cells_it_settled(tmp_path):
     """The grid is written after each cell; run again, the settled cells keep their outcome and peaks, the
     rest are run; a grid of another budget in the same folder is refused."""
     grid = load_bench("budget_grid")
-    spec, machine, links = grid_24_on_the_h200()
+    spec, machine, links = grid_on_the_h200(GRID_24, 24)
     cells = grid.grid_cells(spec, machine, links, around=1, count=3)
     cells[0].status, cells[0].outcome, cells[0].gpu_reserved_gib, cells[0].host_rss_gib = "done", "trained", 21.5, 118
     grid_json = tmp_path / "grid.json"
@@ -136,30 +141,92 @@ def test_every_verdict_of_the_plan_in_the_24_gib_grid_is_what_the_run_found():
     """No false fits: the nine cells session 16 ran on the H200 under 24 GiB (35-37 layers of the largest
     GPT's width, the plan's top three placements), each judged again by the planner as it is now. Four
     trained, five were killed on host RAM; session 15's run of 37 layers under 48 GiB was killed too."""
-    grid = load_bench("budget_grid")
-    spec, machine, links = grid_24_on_the_h200()
-    cells = grid.grid_cells(spec, machine, links, around=1, count=3)
-    ran = json.loads((GRID_24 / "grid.json").read_text())
-    assert ran["gpu_mem_gib"] == 24.0
-    outcome = {(r["n_layers"], r["placement"]): r["status"] for r in ran["cells"]}
-    for c in cells:
-        c.status = outcome[(c.n_layers, c.planned.placement.name)]
+    cells = judged_again(GRID_24, 24)
     assert [c.agrees for c in cells] == [True] * 9
     assert sum(c.planned.fits for c in cells) == 4
     # Under 48 GiB on session 15's machine (124.3 GiB available), the same GPT one layer larger
+    spec, _, links = grid_on_the_h200(GRID_24, 24)
     s15 = REPO / "bench/results/2026-12-04-h200-s15"
     planned = json.loads((s15 / "budget_24/plan_24.json").read_text())
     at_48 = Machine(**{**planned["machine"], "gpu_mem_bytes": 48 * 2**30})
+    grid = load_bench("budget_grid")
     fits = {c.n_layers: c.planned.fits for c in grid.grid_cells(spec, at_48, links, around=1, count=1)}
     assert fits == {35: True, 36: True, 37: False}
 
 
+def test_every_cell_run_in_the_48_gib_grid_is_what_the_plan_says():
+    """Session 17's grid under 48 GiB: host RAM binds alone, so the plan's third placement is ZeRO-3 with
+    its parameters on the GPU. The six cells of 35 and 36 layers ran (four trained, two were killed on host
+    RAM), each as the plan says; the 37-layer row is not run yet."""
+    cells = judged_again(GRID_48, 48)
+    assert [c.planned.placement.name for c in cells[:3]] == [
+        "fsdp2-cpu-offload-dsadam", "fsdp2-cpu-offload", "zero3-opt-cpu"
+    ]  # fmt: skip
+    assert [c.agrees for c in cells[:6]] == [True] * 6 and sum(c.planned.fits for c in cells[:6]) == 4
+    assert all(c.planned.binds == "host" for c in cells)
+    assert [c.status for c in cells[6:]] == ["not run"] * 3 and not any(c.planned.fits for c in cells[6:])
+
+
+@pytest.mark.slow
+def test_a_dry_run_judges_a_partial_grid_again_and_writes_nothing(tmp_path):
+    """--dry-run on an unpacked grid that stopped part way: the settled cells are read from their stores
+    and judged, the rest are shown not run, and nothing in the folder is written or run."""
+    with tarfile.open(GRID_48 / "grid_48.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    out = tmp_path / "grid_48"
+    before = {f: f.stat().st_mtime_ns for f in out.rglob("*")}
+    shown = subprocess.run(
+        [sys.executable, str(REPO / "bench/budget_grid.py"), "--plan", str(GRID_48 / "plan_48.json"),
+         "--spec", str(GRID_48 / "spec_48.toml"), "--gpu-mem", "48", "--out", str(out), "--dry-run"],
+        capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "80"},
+    ).stdout  # fmt: skip
+    assert shown == (GRID_48 / "grid_48_table.txt").read_text()
+    assert shown.count("yes") == 6 and shown.count("not run") == 3
+    assert {f: f.stat().st_mtime_ns for f in out.rglob("*")} == before
+
+
+def test_a_grid_with_too_little_time_left_stops_before_a_cell_not_in_it(tmp_path):
+    """--stop-by: a cell is begun only where the longest one timed so far would end in time; otherwise the
+    grid stops as Ctrl-C would, having written no spec for the cell it did not begin."""
+    grid = load_bench("budget_grid")
+    spec, machine, links = grid_on_the_h200(GRID_24, 24)
+    cells = grid.grid_cells(spec, machine, links, around=1, count=3)
+    now = time.monotonic()
+    assert not grid.out_of_time(cells, now, stop_by=1.0)  # nothing timed yet: the first cell runs
+    cells[0].status, cells[0].seconds = "done", 150.0
+    assert grid.out_of_time(cells, now, stop_by=120.0)
+    assert not grid.out_of_time(cells, now, stop_by=200.0) and not grid.out_of_time(cells, now, stop_by=None)
+    assert grid.out_of_time(cells, now - 60, stop_by=200.0)  # a minute gone, 150 s more would end at 210
+    args = argparse.Namespace(out=tmp_path, stop_by=120.0, steps=3, gpu_mem=24.0, timeout=420.0)
+    with pytest.raises(KeyboardInterrupt):
+        grid.run_grid(cells, spec, args, Console(file=io.StringIO()))
+    assert list(tmp_path.iterdir()) == []
+    # The time a cell took goes into grid.json and comes back with it.
+    grid.write_grid(cells, 24.0, tmp_path / "grid.json")
+    again = grid.grid_cells(spec, machine, links, around=1, count=3)
+    grid.resume(again, tmp_path, 24.0)
+    assert again[0].seconds == 150.0 and again[1].seconds is None
+
+
 GRID_24 = REPO / "bench/results/2026-12-04-h200-s16/grid_24"
+GRID_48 = REPO / "bench/results/2026-12-04-h200-s17/grid_48"
 
 
-def grid_24_on_the_h200():
-    planned = json.loads((GRID_24 / "plan_24.json").read_text())
-    return load_spec(GRID_24 / "spec_24.toml"), Machine(**planned["machine"]), Links(**planned["links"])
+def grid_on_the_h200(folder: Path, gpu_mem: int):
+    planned = json.loads((folder / f"plan_{gpu_mem}.json").read_text())
+    return load_spec(folder / f"spec_{gpu_mem}.toml"), Machine(**planned["machine"]), Links(**planned["links"])
+
+
+def judged_again(folder: Path, gpu_mem: int) -> list:
+    """The grid's cells as the planner makes them now, each with the outcome its run had on the machine."""
+    grid = load_bench("budget_grid")
+    cells = grid.grid_cells(*grid_on_the_h200(folder, gpu_mem), around=1, count=3)
+    ran = json.loads((folder / "grid.json").read_text())
+    assert ran["gpu_mem_gib"] == gpu_mem
+    outcome = {(r["n_layers"], r["placement"]): r["status"] for r in ran["cells"]}
+    for c in cells:
+        c.status = outcome[(c.n_layers, c.planned.placement.name)]
+    return cells
 
 
 def plan_at(spec, machine, links):
