@@ -4,6 +4,7 @@ the files `--write` emits loaded by the tools that read them."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import tomllib
 from pathlib import Path
@@ -14,13 +15,16 @@ from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+from rich.console import Console
 
 from conftest import cli, load_bench, write_spec
 from offloadlab.plan import deepspeed, fsdp2
 from offloadlab.plan.accounting import GiB, Links, Machine, Placement, Shape, shape_of_spec
+from offloadlab.plan.inputs import PlanInputs, PlanRequest
+from offloadlab.plan.output import plan_table
 from offloadlab.plan.predict import engine_model, plan, predict, predict_step, why_winner
 from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, load_spec
-from offloadlab.workload.model import PRESETS
+from offloadlab.workload.model import GPT3_LEARNING_RATES, PRESETS, GPTConfig, gpt3_learning_rate
 
 
 def _zero(
@@ -126,6 +130,41 @@ def test_the_binding_constraint_is_named_and_offload_rescues_a_model_the_gpu_can
     small_disk = Machine(gpus=1, gpu_mem_bytes=24 * GiB, host_mem_bytes=64 * GiB, nvme_free_bytes=10 * GiB)
     nvme = predict(_zero("z3n", 3, "nvme", "nvme"), shape, small_disk, LINKS)
     assert not nvme.fits and nvme.binding.startswith("NVMe space: ")
+
+
+def test_an_nvme_placement_does_not_fit_without_an_nvme_folder_even_with_nothing_to_swap():
+    """The tiny GPT's parameters all stay resident under ZeRO-3's persistence threshold, so nothing of
+    zero3-opt-cpu-param-nvme goes to NVMe; DeepSpeed still makes its swapper, which needs a folder. The plan
+    listed it as fitting with 0.0 GiB of NVMe when none was given."""
+    shape = _shape("tiny")
+    p = _zero("zero3-opt-cpu-param-nvme", 3, "cpu", "nvme")
+    no_folder = Machine(gpus=1, gpu_mem_bytes=24 * GiB, host_mem_bytes=64 * GiB, nvme_free_bytes=None)
+    alone = predict(p, shape, no_folder, LINKS)
+    assert alone.memory.nvme_bytes == 0
+    assert not alone.fits and alone.constraints == ("NVMe space",) and "--nvme" in alone.binding
+    with_folder = dataclasses.replace(no_folder, nvme_free_bytes=100 * GiB)
+    assert predict(p, shape, with_folder, LINKS).fits
+    ranked = plan(shape, no_folder, LINKS)
+    assert not any(x.fits for x in ranked if x.placement.strategy.uses_nvme)
+    assert "NVMe space 0.0 GiB (no NVMe folder given" in plan_table(ranked, "tiny", no_folder).caption
+
+
+def test_a_spec_written_for_a_preset_or_the_largest_trains_at_gpt3s_rate_for_its_size(tmp_path):
+    """The spec default, 1e-3, is twice GPT-3's rate at 125M: plan writes GPT-3's rate for the model's size
+    where it made the spec itself (a preset, --largest), and a user's own spec keeps its rate."""
+    for n_params, rate in GPT3_LEARNING_RATES:
+        assert gpt3_learning_rate(int(n_params)) == pytest.approx(rate, rel=1e-4)
+    sizes = [1e6, 125e6, 500e6, 1.42e9, 7.67e9, 70e9, 175e9, 1e12]
+    rates = [gpt3_learning_rate(int(n)) for n in sizes]
+    assert rates == sorted(rates, reverse=True) and rates[0] == 6e-4 and rates[-1] == 6e-5
+    console = Console(file=io.StringIO())
+    request = PlanRequest(preset="gpt-1.4b", gpu_mem_gib=24, host_mem_gib=64, tuned_dir=tmp_path)
+    inputs = PlanInputs.gather(request, console, links=LINKS)
+    assert 1.9e-4 < inputs.spec.lr < 2e-4  # 1.42B, between GPT-3's 1.3B (2e-4) and 2.7B (1.6e-4)
+    largest = inputs.with_model(GPTConfig(d_model=4096, n_layers=36, n_heads=32, vocab_size=50304), "largest")
+    assert largest.spec.lr == gpt3_learning_rate(largest.shape.n_params) and 1.1e-4 < largest.spec.lr < 1.2e-4
+    own = write_spec(tmp_path, [dict(name="f", engine="fsdp2")], lr=3e-3)
+    assert PlanInputs.gather(PlanRequest(spec_path=own, tuned_dir=tmp_path), console, links=LINKS).spec.lr == 3e-3
 
 
 def test_what_does_not_fit_names_every_constraint_it_breaks_the_worst_first():
@@ -336,8 +375,6 @@ def test_on_a_cpu_only_machine_the_device_adam_is_the_cpus_own(tmp_path):
 @pytest.mark.slow
 def test_predicted_nvme_bytes_per_step_hold_on_a_real_zero_infinity_run(tmp_path, nvme_root):
     """bench/plan_accuracy at CI size: the swap traffic of a real ZeRO-3 NVMe run within the goal's 5%."""
-    from rich.console import Console
-
     strategies = [
         dict(
             name="z3-nvme",

@@ -29,7 +29,7 @@ from offloadlab.plan.links import BLOCK_MEASURED, measure_links
 from offloadlab.results.store import DB_NAME
 from offloadlab.spec import ModelSpec, RunSpec, SpecError, load_spec, parse_spec
 from offloadlab.workload.hf import hf_folder
-from offloadlab.workload.model import GPTConfig
+from offloadlab.workload.model import PRESETS, GPTConfig, gpt3_learning_rate
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,8 @@ class PlanInputs:
                     precision=r.precision,
                     nproc=r.gpus or 1,
                     model=dict(preset=r.preset),
+                    # an unknown preset is the spec check's to name
+                    **({"lr": gpt3_learning_rate(PRESETS[r.preset].n_params)} if r.preset in PRESETS else {}),
                     **({"nvme_path": str(r.nvme_path)} if r.nvme_path else {}),
                     strategy=[dict(name="planned", engine="fsdp2")],
                 ),
@@ -165,7 +167,10 @@ class PlanInputs:
     def with_model(self, cfg: GPTConfig, what: str) -> "PlanInputs":
         """The same machine, links and batch for another GPT shape, as an explicit model in the spec."""
         model = dict(d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, vocab_size=cfg.vocab_size)
-        spec = self.spec.model_copy(update={"model": ModelSpec(**model), "name": f"largest-{cfg.n_params / 1e9:.1f}b"})
+        name = f"largest-{cfg.n_params / 1e9:.1f}b"
+        spec = self.spec.model_copy(
+            update={"model": ModelSpec(**model), "name": name, "lr": gpt3_learning_rate(cfg.n_params)}
+        )
         shape = self.shape_of(cfg)
         label = f"{what}, d {cfg.d_model} x {cfg.n_layers} layers"
         links = self.links

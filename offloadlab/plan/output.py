@@ -21,7 +21,8 @@ def plan_table(predictions: list[Prediction], title: str, machine: Machine) -> T
     """Placements, fastest fitting first, for 80 columns: "fits" names the constraint that binds (or all
     that break), the memory columns hold the needs (pinned host bytes are in --json and the breakdown), and
     the caption what a plan may fill of each."""
-    names = [name for name in ("GPU memory", "host RAM", "NVMe space") if name in usable(machine)]
+    judged = usable(machine).keys() | {name for x in predictions for name in x.constraints}
+    names = [name for name in ("GPU memory", "host RAM", "NVMe space") if name in judged]
     caption = "a plan may fill: " + "; ".join(f"{name} {usable_text(name, machine)}" for name in names)
     table = Table(title=title, caption=caption, header_style="bold")
     table.add_column("strategy", overflow="fold", min_width=18)

@@ -141,10 +141,12 @@ def usable_text(constraint: str, machine: Machine) -> str:
         text += f" usable ({GPU_USABLE_SHARE:.0%} of {machine.gpu_mem_bytes / GiB:.1f})"
     if constraint == "host RAM":
         text += f" usable ({machine.host_mem_bytes / GiB:.1f} less {HOST_RESERVED_BYTES / GiB:.0f} for the launcher)"
+    if constraint == "NVMe space" and machine.nvme_free_bytes is None:
+        text += " (no NVMe folder given: --nvme, or nvme_path in the spec)"
     return text
 
 
-def _constraints(m: Memory, machine: Machine, world: int) -> dict[str, tuple[float, float]]:
+def _constraints(m: Memory, machine: Machine, world: int, uses_nvme: bool) -> dict[str, tuple[float, float]]:
     """name -> (needed, usable), per host."""
     have = usable(machine)
     # No GPU: "device" memory is host RAM too.
@@ -152,7 +154,9 @@ def _constraints(m: Memory, machine: Machine, world: int) -> dict[str, tuple[flo
     out = {"host RAM": (host_need * world, have["host RAM"])}
     if machine.gpu_mem_bytes is not None:
         out["GPU memory"] = (m.gpu_bytes, have["GPU memory"])
-    if m.nvme_bytes:
+    # An NVMe placement needs a folder even where nothing is swapped (a model whose parameters all stay
+    # resident under ZeRO-3's persistence threshold): DeepSpeed's swapper is made at start either way.
+    if m.nvme_bytes or uses_nvme:
         out["NVMe space"] = (m.nvme_bytes, have.get("NVMe space", 0.0))
     return out
 
@@ -166,7 +170,7 @@ def predict(
 ) -> Prediction:
     world = max(1, machine.gpus)
     m = predict_memory(p, shape, world, buffers, machine.gpu_mem_bytes is not None, machine.pinned_exact)
-    constraints = _constraints(m, machine, world)
+    constraints = _constraints(m, machine, world, p.strategy.uses_nvme)
     use = {k: need / have if have else math.inf for k, (need, have) in constraints.items()}
     tightest = sorted(use, key=use.get, reverse=True)
     fits = use[tightest[0]] <= 1.0
