@@ -19,10 +19,10 @@ from rich.console import Console
 
 from conftest import cli, load_bench, write_spec
 from offloadlab.plan import deepspeed, fsdp2
-from offloadlab.plan.accounting import GiB, Links, Machine, Placement, Shape, shape_of_spec
+from offloadlab.plan.accounting import GiB, Links, Machine, Placement, Shape, buffers_for, shape_of_spec
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
 from offloadlab.plan.output import plan_table
-from offloadlab.plan.predict import engine_model, plan, predict, predict_step, why_winner
+from offloadlab.plan.predict import candidate_placements, engine_model, plan, predict, predict_step, why_winner
 from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, load_spec
 from offloadlab.workload.model import GPT3_LEARNING_RATES, PRESETS, GPTConfig, gpt3_learning_rate
 
@@ -88,7 +88,7 @@ def test_model_states_match_deepspeeds_own_estimates(preset, world):
         assert _model_state_bytes(ours, "gpu") == pytest.approx(ds_gpu, rel=1e-6, abs=world), placement.name
         # DeepSpeed's CPU figure is per host with a 1.5x buffer factor; with zero.Init (stage 3) or once the
         # fp32 build copy is freed (stage 2: the larger of 4 bytes x ranks and the 16-byte states).
-        host_states = _model_state_bytes(ours, "host_pinned") * world
+        host_states = (_model_state_bytes(ours, "host_pinned") + _model_state_bytes(ours, "host_pageable")) * world
         if placement.strategy.zero_stage == 2 and placement.strategy.offload_optimizer == "cpu":
             host_states = max(host_states, 4 * n * world)
         if placement.strategy.offload_optimizer != "none":
@@ -285,6 +285,24 @@ def test_a_partial_optimizer_offload_rescues_a_placement_host_ram_cannot_hold():
     assert partial.fits and partial.memory.host_bytes < 20 * GiB < whole.memory.host_bytes
 
 
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_what_the_plan_calls_pinned_is_the_buffers_the_engines_pin(world):
+    """`plan --json`'s pinned_bytes and the breakdown's "host pinned" are the buffers each engine pins (the
+    list the pinned rounding is taken over). DeepSpeed's offloaded optimizer states were all counted
+    pinned, 16 bytes a parameter, where the engine pins 4 (ZeRO-3's fp32 gradient) or 8 (ZeRO-1/2's fp32
+    partition and its gradient): Adam's m and v are CPU Adam's own pageable state."""
+    shape = _shape("gpt-1.4b")
+    buffers = buffers_for(shape)
+    for p in candidate_placements():
+        engine = engine_model(p)
+        m = engine.memory(p, shape, world, buffers, True)
+        listed = sum(engine.pinned_buffers(p, shape, world, buffers))
+        assert m.pinned_bytes == pytest.approx(listed, rel=1e-6), p.name
+    zero3 = deepspeed.model_states(_zero("z3c", 3, "cpu"), shape, world)
+    assert zero3.host_pinned["optimizer states"] == pytest.approx(4 * shape.n_params / world)
+    assert zero3.host_pageable["optimizer states"] == pytest.approx(12 * shape.n_params / world)
+
+
 def test_a_partial_offload_moves_whole_sub_groups_and_the_gpu_updates_its_share_in_the_same_loop():
     """stage3 sends sub-group i to the CPU when i >= int((1 - ratio) * count); torch's AdamW updates the
     rest on the GPU, one sub-group after another with the CPU's."""
@@ -292,7 +310,12 @@ def test_a_partial_offload_moves_whole_sub_groups_and_the_gpu_updates_its_share_
     first, second = deepspeed.sub_groups(shape, world=1)
     partial = _zero("zero3-opt-cpu-ratio0.3", 3, "cpu", ratio=0.3)
     memory = deepspeed.model_states(partial, shape, world=1)
-    assert memory.host_pinned["optimizer states"] == pytest.approx(16 * second)  # the second sub-group, 0.42B of 1.42B
+    on_host = memory.host_pinned["optimizer states"] + memory.host_pageable["optimizer states"]
+    assert on_host == pytest.approx(16 * second)  # the second sub-group, 0.42B of 1.42B
+    # Pinned of it: the fp32 gradient, one of DeepSpeed's pinned buffers (Adam's m and v, and ZeRO-3's fp32
+    # partition, are pageable).
+    assert memory.host_pinned["optimizer states"] == pytest.approx(4 * second)
+    assert 4 * second in deepspeed.pinned_buffers(partial, shape, 1, None)
     assert memory.gpu["optimizer states"] == pytest.approx(16 * first)
     bound = predict_step(partial, shape, 1, LINKS)
     assert bound.parts["cpu_adam"] == pytest.approx(second / LINKS.cpu_adam_params_per_s)

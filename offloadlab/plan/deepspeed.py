@@ -169,11 +169,14 @@ def model_states(p: Placement, shape: Shape, world: int) -> Memory:
         # ratio < 1 keeps the rest on the GPU (DeepSpeed's partial optimizer offload), updated there by a
         # torch AdamW whose foreach step adds a temporary of one sub-group's fp32 size.
         share = host_optimizer_share(p, shape, world)
-        m.add(
-            _place_of(p.strategy.offload_optimizer),
-            "optimizer states",
-            optimizer * share * (world if p.strategy.offload_optimizer == "nvme" else 1),
-        )
+        if p.strategy.offload_optimizer == "nvme":
+            m.add("nvme", "optimizer states", optimizer * share * world)
+        else:
+            # Pinned: the fp32 gradient of each sub-group (stage3), or the fp32 partition and its gradient
+            # (stage_1_and_2), as pinned_buffers lists them; Adam's m and v are CPU Adam's own pageable state.
+            pinned = (4 if p.strategy.zero_stage == 3 else 8) * share * n / world
+            m.add("host_pinned", "optimizer states", pinned)
+            m.add("host_pageable", "optimizer states", optimizer * share - pinned)
         if share < 1.0:
             m.add("gpu", "optimizer states", optimizer * (1 - share))
             m.add(
