@@ -210,10 +210,10 @@ def run_grid(cells: list[Cell], spec: RunSpec, args: argparse.Namespace, console
         if out_of_time(cells, started, args.stop_by):
             raise KeyboardInterrupt  # stops as Ctrl-C between cells would: the settled ones are in grid.json
         console.print(f"[{i}/{len(cells)}] {cell.n_layers} layers, {cell.planned.placement.name}")
-        spec_file = args.out / f"{cell.name}.toml"
-        remove_attempt(spec_file, args.out / spec_file.stem)  # one stopped by a kill, not settled in grid.json
+        spec_file, run_dir = args.out / f"{cell.name}.toml", args.out / cell.name
+        remove_attempt(spec_file, run_dir)  # one stopped by a kill, not settled in grid.json
         spec_file.write_text(tomli_w.dumps(cell_spec(spec, cell, args.steps)))
-        run_cell(cell, spec_file, args.gpu_mem, args.out / spec_file.stem, args.timeout)
+        run_cell(cell, spec_file, args.gpu_mem, run_dir, args.timeout)
         console.print(f"  {cell.status}: {cell.outcome}")
         write_grid(cells, args.gpu_mem, args.out / "grid.json")
 

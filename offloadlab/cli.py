@@ -443,13 +443,12 @@ def plan(
             result["one_more_layer"] = {"shape": dataclasses.asdict(past_shape), **bindings_json(past)}
         click.echo(json.dumps(result, indent=2))
     else:
-        console.print(machine_table(inputs.machine, inputs.links), width=_table_width())
-        console.print(
-            plan_table(predictions, f"offloadlab plan: {inputs.title}", inputs.machine), width=_table_width()
-        )
-        console.print(why_winner(predictions), width=_table_width())
+        width = _table_width()
+        console.print(machine_table(inputs.machine, inputs.links), width=width)
+        console.print(plan_table(predictions, f"offloadlab plan: {inputs.title}", inputs.machine), width=width)
+        console.print(why_winner(predictions), width=width)
         if largest:
-            console.print(past_the_largest(past_shape, past, predictions), width=_table_width())
+            console.print(past_the_largest(past_shape, past, predictions), width=width)
     if write_dir:
         feasible = [x for x in predictions if x.fits]
         pick = (

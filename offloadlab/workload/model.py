@@ -64,8 +64,9 @@ PRESETS: dict[str, GPTConfig] = {
 }
 
 # GPT-3's learning rates by size (Brown et al. 2020, table 2.1): what a spec `plan` writes for a preset or
-# for `--largest` trains with. The spec default, 1e-3, is the 125M models' rate doubled; at 7.7B it made the
-# loss rise by the third step under the 24 and 48 GiB grids.
+# for `--largest` trains with. The spec default, 1e-3, is the 125M models' rate doubled; with it the 7.7B runs
+# of the 24 and 48 GiB grids ended their third step above their first loss (3 steps of synthetic data: a
+# hint, not a measured divergence).
 GPT3_LEARNING_RATES = ((125e6, 6e-4), (350e6, 3e-4), (760e6, 2.5e-4), (1.3e9, 2e-4), (2.7e9, 1.6e-4),
                        (6.7e9, 1.2e-4), (13e9, 1e-4), (175e9, 0.6e-4))  # fmt: skip
 
