@@ -4,7 +4,7 @@
 
 Builds two stores with the run store's own writes, shaped like real ones:
 - "3h-nvme": one ZeRO-3 NVMe strategy, 210 steps of 51 s (3 hours), the sampler's 16 metrics (host, one
-  drive, one GPU) at 10 Hz: 1.7 M samples, forward/backward/optimizer events per step.
+  drive, one GPU) at 10 Hz: 1.7 M samples, forward/backward/optimizer events and the NVMe wait per step.
 - "8k-fsdp2": FSDP2 and ZeRO-2 CPU, 8,000 steps of 0.15 s each, sampled at 10 Hz.
 Each is left as a run still in progress (the last strategy running), which is what the TUI is kept open on.
 Then, on each, in separate processes as a user meets them: `offloadlab compare`, `offloadlab report`, the
@@ -31,6 +31,7 @@ from rich.table import Table
 from offloadlab.results.figures import MODEL_FACTS_EVENT
 from offloadlab.results.rundir import RunDir
 from offloadlab.results.status import Status
+from offloadlab.results.steps import SWAP_EVENT
 from offloadlab.results.store import RunStore, StepRecord
 
 HZ = 10.0
@@ -95,6 +96,11 @@ def add_strategy(store: RunStore, run_id: int, name: str, steps: int, step_s: fl
         events += [
             (step, kind, a, b, None) for kind, a, b in zip(("forward", "backward", "optimizer"), marks, marks[1:])
         ]
+        if name == "zero3-nvme":  # its optimizer's swaps: most of that phase waits for the drive
+            wait = 0.6 * length
+            swapped = dict(read_bytes=26 * GiB, write_bytes=24 * GiB, wait_seconds=wait)
+            swapped.update(wait_by_phase={"optimizer": wait}, phase="train")
+            events.append((step, SWAP_EVENT, t, t + length, json.dumps(swapped)))
         while sample_t < t + length:
             samples += sample_rows(sample_t, step_s, name)
             sample_t += 1 / HZ

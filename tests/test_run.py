@@ -253,6 +253,29 @@ def test_compare_fits_the_terminal_and_keeps_the_step_throughput_and_memory(worl
     for s in summaries:
         for figure in (s.name, f"{s.median_step_time_s:.3f}", f"{s.tokens_per_s:,.0f}", f"{s.practicality:.0%}"):
             assert figure in text, (width, figure)
-    shown = [c.header.splitlines()[0] for c in COLUMNS if width >= c.width]
-    assert all(header in text for header in shown)
+    # Every column of the narrower layouts is there; of this layout's own, the first ones that fit.
+    tier = max(c.width for c in COLUMNS if width >= c.width)
+    assert all(c.header.splitlines()[0] in text for c in COLUMNS if c.width < tier)
+    own = [c.header.splitlines()[0] in text for c in COLUMNS if c.width == tier]
+    assert own == sorted(own, reverse=True) and own[0]
     assert ("PCIe GB/s" in text) is (width >= 160) and ("stalls" in text) is (width >= 120)
+
+
+def test_compare_with_long_names_gives_up_the_widest_layouts_last_columns_first(world1):
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from offloadlab.results.tables import COLUMNS, compare_table
+
+    summaries = [replace(s, name=f"{s.name}-with-a-name-as-long-as-a-users") for s in summarize(RunStore(world1))]
+    table = compare_table(world1, summaries, 160)
+    console = Console(width=160, record=True)
+    console.print(table)
+    assert max(len(line) for line in console.export_text().splitlines()) <= 160
+    shown = {str(c.header) for c in table.columns}
+    # Given up in order: the widest layout's columns from its last, then the next layout's.
+    order = sorted((c for c in COLUMNS if 0 < c.width <= 160), key=lambda c: (c.width, COLUMNS.index(c)))
+    kept = [c.header in shown for c in order]
+    assert kept == sorted(kept, reverse=True) and not all(kept)
+    assert all(c.header in shown for c in COLUMNS if c.width == 0)

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 from rich.console import Console
 
 from conftest import cli, copy_store, h200_budget_run_with_its_plan, write_spec
-from offloadlab.results.steps import CumulativeSeries, SampledSeries
+from offloadlab.results.steps import PHASES, SWAP_EVENT, CumulativeSeries, SampledSeries
 from offloadlab.results.store import DB_NAME, RunStore, StepRecord
 from offloadlab.results.summary import summarize
 from offloadlab.results.tables import compare_table
@@ -87,6 +88,59 @@ def test_nvme_swapping_moves_the_disk_counters_and_fsdp_offload_does_not(swappin
     expected = 8 * 2_000_000 * 4 + 4 * n_params * 4
     assert expected <= nvme.pinned_swap_bytes < 1.01 * expected
     assert cpu.pinned_swap_bytes == 0
+
+
+def test_the_wait_for_nvme_swaps_is_measured_and_split_by_phase(swapping_run):
+    """The swap meter sees every byte the drive moved for the strategy, and how long each phase waited."""
+    from tui.widgets import capacity_line, phase_bar
+
+    store = RunStore(swapping_run)
+    strategy_id = _ids(store)["zero3-nvme"]
+    # The step re-run after the checkpoint's restore carries its number again: the training steps only.
+    events = [(e["step"], json.loads(e["detail"])) for e in store.events(strategy_id, SWAP_EVENT)]
+    swaps = {step: detail for step, detail in events if detail["phase"] == "train"}
+    steps = [r for r in store.steps(strategy_id) if r.phase == "train"]
+    assert sorted(swaps) == [r.step for r in steps]
+    for step in steps[1:]:  # the first step swaps the states in for the first time
+        # Independent counts: the buffers submitted to aio, and the block layer's bytes for the worker.
+        assert swaps[step.step]["read_bytes"] == pytest.approx(step.disk_read_bytes, rel=0.01)
+        assert swaps[step.step]["write_bytes"] == pytest.approx(step.disk_write_bytes, rel=0.01)
+    summaries = {s.name: s for s in summarize(store)}
+    nvme, cpu = summaries["zero3-nvme"], summaries["fsdp2-cpu-offload"]
+    # The optimizer swaps the states of its one sub-group in and out; every wait falls inside a phase.
+    assert nvme.nvme_wait_seconds["optimizer"] > 0 and nvme.nvme_wait_seconds["other"] < 1e-3
+    for phase in PHASES:
+        assert nvme.nvme_wait_seconds[phase] <= nvme.phase_seconds[phase]
+    assert 0 < nvme.nvme_wait_share < 1
+    assert cpu.nvme_wait_seconds is None and cpu.nvme_wait_share is None
+    assert "░" in phase_bar(nvme).plain and "░" not in phase_bar(cpu).plain
+    assert f"NVMe wait ░ {nvme.nvme_wait_share:.0%} of the step" in capacity_line(nvme).plain
+
+
+def test_the_swap_meter_counts_a_real_aio_handles_bytes_and_waits(tmp_path, monkeypatch):
+    from offloadlab.engines.ops import load_op
+    from offloadlab.train.swap_meter import MeteredHandle, SwapMeter
+
+    aio = load_op("async_io")
+    monkeypatch.setattr(aio, "aio_handle", aio.aio_handle)  # put back after the test
+    monkeypatch.setattr(SwapMeter, "_installed", None)
+    meter = SwapMeter.install()
+    handle = aio.aio_handle(1 << 20, 8, False, True, 1)
+    assert isinstance(handle, MeteredHandle)
+    written = torch.arange(1 << 20, dtype=torch.float32)
+    assert handle.async_pwrite(written, str(tmp_path / "swap"), 0) == 0
+    assert handle.wait() == 1
+    read = torch.zeros_like(written)
+    assert handle.async_pread(read, str(tmp_path / "swap"), 0) == 0
+    assert handle.wait() == 1 and torch.equal(read, written)
+    totals = meter.drain()
+    assert (totals.read_bytes, totals.write_bytes, len(totals.wait_spans)) == (4 << 20, 4 << 20, 2)
+    # A wait counts inside a phase for the part of it that overlaps the phase's span.
+    first_start, first_end = totals.wait_spans[0]
+    middle = (first_start + first_end) / 2
+    by_phase = totals.wait_by_phase([("optimizer", middle, totals.wait_spans[1][1] + 1.0)])
+    assert by_phase["optimizer"] == pytest.approx(totals.wait_seconds - (middle - first_start))
+    assert meter.drain().wait_spans == []
 
 
 def test_step_events_share_the_samples_clock(swapping_run):
@@ -199,7 +253,7 @@ def test_report_has_a_chart_per_strategy_and_metric(swapping_run):
         assert header in page, header
     assert page.count("<td>done</td>") == 2 and page.count("<td>verified</td>") == 2
     # Legends name the strategies (loss) and the lines (read / write); host RSS is drawn against the RAM.
-    for label in ("zero3-nvme", "fsdp2-cpu-offload", "read", "write", "RAM", "stall line", "optimizer"):
+    for label in ("zero3-nvme", "fsdp2-cpu-offload", "read", "write", "RAM", "stall line", "optimizer", "NVMe wait"):
         assert f"<!-- {label} -->" in page, label
 
 

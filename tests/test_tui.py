@@ -24,9 +24,10 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from conftest import cli, copy_store, h200_budget_run_with_its_plan, wait_for_worker
 from offloadlab.results.rundir import RunDir
+from offloadlab.results.steps import SWAP_EVENT
 from offloadlab.results.store import DB_NAME, RunStore, StepRecord, TunePoint
 from offloadlab.results.summary import summarize
-from offloadlab.results.tables import human_bytes
+from offloadlab.results.tables import fmt_or_dash, human_bytes
 from offloadlab.spec import AioSettings
 from offloadlab_tui import processes
 from offloadlab_tui.app import make_app
@@ -129,9 +130,12 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
                 assert cell(table, name, 6) == f"{summary.practicality:.0%}"  # against fsdp2, which offloads nothing
                 assert cell(table, name, 7) == "-"  # MFU: a CPU is not in the peak table
                 assert cell(table, name, 8) == f"{summary.last_loss_deviation:+.2%}"
-                assert cell(table, name, 13) == human_bytes(summary.comm_bytes_per_step)
-                assert cell(table, name, 14) == f"{phase} {share:.0%}"
-                assert cell(table, name, 15) == "verified"
+                # The NVMe strategy's wait for its swaps; the others swap nothing.
+                assert (summary.nvme_wait_share is not None) is (name == "zero3-nvme")
+                assert cell(table, name, 13) == fmt_or_dash(summary.nvme_wait_share, "{:.0%}")
+                assert cell(table, name, 14) == human_bytes(summary.comm_bytes_per_step)
+                assert cell(table, name, 15) == f"{phase} {share:.0%}"
+                assert cell(table, name, 16) == "verified"
             # The NVMe strategy's disk series moved (it wrote its swap files under the temp drive).
             assert max(panels(app)["zero3-nvme"].view.disk_write_bytes_per_s.values) > 0
 
@@ -334,6 +338,10 @@ def _fixed_run(root: Path) -> None:
             phases = ("forward", "backward", "optimizer")
             marks = [start + duration * share for share in (0.0, 0.2, 0.5, 0.9)]  # and 10% outside the phases
             store.add_events(sid, 0, [(step, k, a, b, None) for k, a, b in zip(phases, marks, marks[1:])])
+            if engine == "deepspeed":  # it swaps to NVMe: three quarters of its optimizer phase is the wait
+                waited = {"read_bytes": 8 << 20, "write_bytes": 8 << 20, "wait_seconds": 0.3 * duration}
+                waited.update(wait_by_phase={"optimizer": 0.3 * duration}, phase="train")
+                store.add_events(sid, 0, [(step, SWAP_EVENT, start, start + duration, json.dumps(waited))])
         store.add_samples(
             sid,
             [

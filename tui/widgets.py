@@ -77,14 +77,18 @@ PHASE_ABBREVIATIONS = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 
 
 def phase_bar(s: StrategySummary) -> Text:
-    """Where a steady step goes, as one stacked bar: forward, backward, optimizer and the rest, then the
-    verdict ("bound by optimizer 84%") and the step's mean seconds in each; one line at 80 columns."""
+    """Where a steady step goes, as one stacked bar: forward, backward, optimizer and the rest, each with
+    the part of it spent waiting for NVMe swaps shaded ░, then the verdict ("bound by optimizer 84%") and
+    the step's mean seconds in each; one line at 80 columns."""
     if not s.phase_seconds or s.bound_by is None:
         return Text("")
     total = sum(s.phase_seconds.values())
+    waited = s.nvme_wait_seconds or {}
     bar = Text()
     for name, seconds in s.phase_seconds.items():
-        bar.append("█" * round(PHASE_BAR_WIDTH * seconds / total), style=PHASE_STYLES[name])
+        waiting = min(waited.get(name, 0.0), seconds)
+        bar.append("█" * round(PHASE_BAR_WIDTH * (seconds - waiting) / total), style=PHASE_STYLES[name])
+        bar.append("░" * round(PHASE_BAR_WIDTH * waiting / total), style=PHASE_STYLES[name])
     name, share = s.bound_by
     bar.append(f" bound by {name} {share:.0%} ", style="bold")
     for phase in PHASES:  # "other" is the grey rest of the bar
@@ -95,7 +99,7 @@ def phase_bar(s: StrategySummary) -> Text:
 def capacity_line(s: StrategySummary) -> Text:
     """Use against capacity, as nvitop shows memory: the GPU's reserve against its memory (or the budget the
     run was held to), the process tree's RSS against the host's RAM, NVMe against the rates the tune
-    measured, PCIe against the link and the step against the plan's (`run --plan`)."""
+    measured and the step's wait for it, PCIe against the link and the step against the plan's (`run --plan`)."""
     parts = []
     if s.peak_reserved_bytes and s.gpu_memory_bytes:
         of = human_bytes(s.gpu_memory_bytes) + (" budget" if s.gpu_budget_bytes else "")
@@ -107,6 +111,8 @@ def capacity_line(s: StrategySummary) -> Text:
     rates, shares = nvme_against_tuned(s)
     if rates != "-":
         parts.append(f"NVMe r/w {rates} GB/s" + ("" if shares == "-" else f", {shares} of tuned"))
+    if s.nvme_wait_share is not None:
+        parts.append(f"NVMe wait ░ {s.nvme_wait_share:.0%} of the step")
     rates, shares = pcie_against_link(s)
     if rates != "-":
         parts.append(f"PCIe h2d/d2h {rates} GB/s" + ("" if shares == "-" else f", {shares} of link"))
@@ -214,6 +220,7 @@ class CompareTable(DataTable):
         "host RSS",
         "NVMe r/w per step",
         "GPU idle",
+        "NVMe wait",
         "comm/step",
         "bound by",
         "ckpt",
@@ -260,6 +267,7 @@ class CompareTable(DataTable):
             if finished
             else "-",
             fmt(idle, "{:.0f}%"),
+            fmt(s.nvme_wait_share, "{:.0%}"),
             human_bytes(s.comm_bytes_per_step) if finished else "-",
             bound_by(s),
             ckpt,

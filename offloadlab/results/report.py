@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from offloadlab.results.figures import STALL_FACTOR
 from offloadlab.results.store import RunStore
@@ -174,7 +175,8 @@ def loss_chart(strategies: list, steps_of: dict) -> str:
 
 
 def phase_chart(summaries: list[StrategySummary]) -> str:
-    """Where each strategy's steady step goes: forward, backward, optimizer and the rest, stacked."""
+    """Where each strategy's steady step goes: forward, backward, optimizer and the rest, stacked, each
+    with the part of it spent waiting for NVMe swaps hatched."""
     timed = [s for s in summaries if s.phase_seconds]
     if not timed:
         return "<p>no phase timings recorded</p>"
@@ -183,17 +185,25 @@ def phase_chart(summaries: list[StrategySummary]) -> str:
     left = np.zeros(len(timed))
     for phase, color in PHASE_COLORS.items():
         seconds = np.array([s.phase_seconds[phase] for s in timed])
+        waiting = np.minimum([(s.nvme_wait_seconds or {}).get(phase, 0.0) for s in timed], seconds)
         ax.barh(names, seconds, left=left, color=color, label=phase)
+        ax.barh(names, waiting, left=left + seconds - waiting, color="none", hatch="////", linewidth=0)
         left += seconds
     for y, s in enumerate(timed):
         phase, share = s.bound_by
-        ax.text(left[y], y, f"  {phase} {share:.0%}", va="center", fontsize=7)
+        waited = "" if s.nvme_wait_share is None else f" (NVMe wait {s.nvme_wait_share:.0%})"
+        ax.text(left[y], y, f"  {phase} {share:.0%}{waited}", va="center", fontsize=7)
     fig.subplots_adjust(left=0.2)  # the strategies' names
     ax.invert_yaxis()
     ax.set_xlabel("seconds per steady step (mean)", fontsize=8)
     ax.tick_params(labelsize=7)
-    ax.set_xlim(right=left.max() * 1.25)
-    ax.legend(fontsize=7, ncols=4, loc="lower right")
+    ax.set_xlim(right=left.max() * 1.5)
+    handles, labels = ax.get_legend_handles_labels()
+    if any(s.nvme_wait_seconds for s in timed):
+        handles.append(Patch(facecolor="none", hatch="////", label="NVMe wait"))
+        labels.append("NVMe wait")
+    # Above the bars: inside the axes it covered the last strategy's.
+    ax.legend(handles, labels, fontsize=7, ncols=5, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return _svg(fig)
 
 

@@ -70,6 +70,8 @@ class SampledSeries:
 
 # What the engines time inside a step (engines.base.PhaseTimer), in the order they run.
 PHASES = ("forward", "backward", "optimizer")
+# A step's NVMe swaps on one rank (train.swap_meter): bytes read and written, and the time waited on them.
+SWAP_EVENT = "swap"
 # The sampler's series the per-step figures are computed from.
 SERIES = {
     "util": "gpu%.util(%)",
@@ -115,6 +117,9 @@ class FollowedStrategy:
         """Final figures of the steps whose samples are all in."""
         self.comm: dict[int, tuple[float, float]] = {}
         """step -> (bytes, seconds) of rank 0's collectives in training, all kinds together."""
+        self.swap_wait: dict[int, dict[str, float]] = {}
+        """step -> seconds rank 0 waited for its NVMe swaps in training inside each of PHASES and outside
+        them ("other"); strategies that swap only."""
         self.phases: dict[int, dict[str, float]] = {}
         """step -> seconds rank 0 spent in each of PHASES (a phase can repeat: one per micro-batch)."""
         self.events: dict[str, list] = {}
@@ -153,12 +158,17 @@ class FollowedStrategy:
                     spent = self.phases.setdefault(e["step"], {})
                     spent[e["kind"]] = spent.get(e["kind"], 0.0) + e["t_end"] - e["t_start"]
                 continue
-            if not e["kind"].startswith("comm."):
+            if not e["kind"].startswith("comm.") and e["kind"] != SWAP_EVENT:
                 self.events.setdefault(e["kind"], []).append(e)
                 continue
             totals = json.loads(e["detail"])
             if e["rank"] != 0 or totals["phase"] != "train":
                 continue  # the step re-run after a restore carries the same number
+            if e["kind"] == SWAP_EVENT:
+                by_phase = {name: totals["wait_by_phase"].get(name, 0.0) for name in PHASES}
+                outside = max(0.0, totals["wait_seconds"] - sum(by_phase.values()))
+                self.swap_wait[e["step"]] = {**by_phase, "other": outside}
+                continue
             nbytes, seconds = self.comm.get(e["step"], (0.0, 0.0))
             self.comm[e["step"]] = (nbytes + totals["bytes"], seconds + totals["seconds"])
 

@@ -106,6 +106,9 @@ class StrategySummary:
     phase_seconds: dict[str, float] | None = None
     """Mean seconds of a steady step in each of steps.PHASES and "other" (the rest of the step: data,
     hooks, waits outside the timed phases), rank 0; None without phase events."""
+    nvme_wait_seconds: dict[str, float] | None = None
+    """Of `phase_seconds`, the mean seconds rank 0 waited for its NVMe swaps to complete in each (the
+    drive's time that compute did not hide); None where nothing swaps."""
 
     @property
     def nvme_gbps(self) -> tuple[float, float] | None:
@@ -130,6 +133,13 @@ class StrategySummary:
         return self.mean_step_time_s / self.planned.step_s
 
     @property
+    def nvme_wait_share(self) -> float | None:
+        """The wait for NVMe swaps, all phases together, as a share of the mean steady step."""
+        if self.nvme_wait_seconds is None or not self.mean_step_time_s:
+            return None
+        return sum(self.nvme_wait_seconds.values()) / self.mean_step_time_s
+
+    @property
     def bound_by(self) -> tuple[str, float] | None:
         """The phase that takes the largest share of the step, and that share."""
         if not self.phase_seconds:
@@ -145,6 +155,7 @@ class StrategySummary:
             "bound_by": None if bound is None else {"phase": bound[0], "share": bound[1]},
             "nvme_gbps": self.nvme_gbps,
             "step_against_plan": self.step_against_plan,
+            "nvme_wait_share": self.nvme_wait_share,
         }
 
 
@@ -172,6 +183,10 @@ class SummaryCache:
         followed = self.strategies.setdefault(strategy_id, FollowedStrategy(strategy_id))
         followed.update(store, finished)
         return followed
+
+
+def _mean_by_phase(steps: list[dict[str, float]]) -> dict[str, float] | None:
+    return {name: statistics.fmean(spent[name] for spent in steps) for name in steps[0]} if steps else None
 
 
 def _phase_seconds(followed: FollowedStrategy, steady: list) -> dict[str, float] | None:
@@ -322,6 +337,7 @@ def _summary(row, status: Status, reason: str | None, followed: FollowedStrategy
         first_loss=rank0[0].loss if rank0 else None,
         last_loss=rank0[-1].loss if rank0 else None,
         phase_seconds=_phase_seconds(followed, steady),
+        nvme_wait_seconds=_mean_by_phase([followed.swap_wait[r.step] for r in steady if r.step in followed.swap_wait]),
         tuned_drive_gbps=getattr(strategy, "tuned_drive_gbps", None),
         planned=Planned.from_json(followed.events[PLAN_EVENT][-1]["detail"])
         if PLAN_EVENT in followed.events

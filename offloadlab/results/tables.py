@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich import box
+from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -152,8 +155,11 @@ COLUMNS = (
         120,
     ),
     Column(
-        "GPU\nidle",
-        lambda s: fmt_or_dash(None if s.gpu_idle_share is None else 100 * s.gpu_idle_share, "{:.0f}%"),
+        "GPU idle\nNVMe wait",
+        lambda s: _two(
+            fmt_or_dash(None if s.gpu_idle_share is None else 100 * s.gpu_idle_share, "{:.0f}%"),
+            fmt_or_dash(s.nvme_wait_share, "{:.0%}"),
+        ),
         160,
     ),
     Column("PCIe GB/s\nof link", lambda s: _two(*pcie_against_link(s)), 160),
@@ -184,14 +190,37 @@ def compare_table(
     run_dir: Path, summaries: list[StrategySummary], width: int = 200, state: str | None = None
 ) -> Table:
     """The strategies side by side, with the columns a terminal `width` wide has room for: the step, the
-    throughput and memory always; stalls, MFU, loss, where the step goes and NVMe from 120; GPU idle,
-    reserved, memory against the GPU's and the host's, PCIe (to the GPU / to the host) against the link
-    from 160; the step against the plan's (`run --plan`), comm, NVMe GB/s against the tune's and SSD wear
-    from 200.
+    throughput and memory always; stalls, MFU, loss, where the step goes and NVMe from 120; GPU idle and
+    the share of the step spent waiting for NVMe swaps, reserved, memory against the GPU's and the host's,
+    PCIe (to the GPU / to the host) against the link from 160; the step against the plan's (`run --plan`),
+    comm, NVMe GB/s against the tune's and SSD wear from 200. Where long names leave too little room, the
+    last columns of the widest layout go first.
     `state`, said in the title: a run that has not finished, and its last update."""
-    # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
     columns = [c for c in COLUMNS if width >= c.width]
+    while _natural_width(_table(run_dir, summaries, columns, width, state, folded=True)) > width and any(
+        c.width for c in columns
+    ):
+        columns.remove(max(reversed([c for c in columns if c.width]), key=lambda c: c.width))
+    return _table(run_dir, summaries, columns, width, state)
+
+
+def _natural_width(table: Table) -> int:
+    console = Console(width=10_000, file=io.StringIO())
+    return Measurement.get(console, console.options, table).maximum
+
+
+def _table(
+    run_dir: Path,
+    summaries: list[StrategySummary],
+    columns: list[Column],
+    width: int,
+    state: str | None,
+    folded: bool = False,
+) -> Table:
+    """`folded`: the status column no wider than its least, as the reasons fold when the table is measured."""
+    # Text from the store and paths (a reason quoting "[rank0]", a folder named "[x]") is never read as markup.
     narrow = width < 120
+    status_width = 12 if width >= 160 else len("status")
     table = Table(
         title=Text(f"offloadlab compare {run_dir}" + (f" ({state})" if state else "")),
         header_style="bold",
@@ -205,7 +234,8 @@ def compare_table(
             no_wrap=c.header != "status",
             overflow="fold",
             # The status holds a failure's reason: wide layouts keep it readable, not folded a word a line.
-            min_width=(12 if width >= 160 else len("status")) if c.header == "status" else None,
+            min_width=status_width if c.header == "status" else None,
+            max_width=status_width if c.header == "status" and folded else None,
         )
     for s in summaries:
         table.add_row(*(c.cell(s) for c in columns))

@@ -11,12 +11,14 @@ import torch
 
 from offloadlab.engines.base import Engine
 from offloadlab.results.figures import tokens_per_s
+from offloadlab.results.steps import SWAP_EVENT
 from offloadlab.results.store import RunStore, StepRecord
 from offloadlab.spec import RunSpec
 from offloadlab.telemetry import probes
 from offloadlab.train.checkpoint import save_atomic
 from offloadlab.train.comm_meter import CommMeter
 from offloadlab.train.gpu_budget import GpuBudget
+from offloadlab.train.swap_meter import SwapMeter
 from offloadlab.workload.data import TokenSource
 
 
@@ -25,6 +27,33 @@ class StepWindow:
     first: int
     last: int
     phase: str = "train"
+
+
+@dataclass(frozen=True)
+class Meters:
+    """What a step's collectives and NVMe swaps moved and waited for (swap: None without NVMe)."""
+
+    comm: CommMeter
+    swap: SwapMeter | None
+
+    def drain(self) -> None:
+        self.comm.drain()
+        if self.swap is not None:
+            self.swap.drain()
+
+    def events(self, step: int, t_start: float, t_end: float, phase: str, spans: list[tuple]) -> list[tuple]:
+        """The step's events: one per kind of collective ("comm.all_gather"), and where it swaps, the bytes
+        swapped and the time waited for them in all and inside each of the phase `spans`."""
+        details = {f"comm.{kind}": asdict(totals) for kind, totals in self.comm.drain().items()}
+        if self.swap is not None:
+            swapped = self.swap.drain()
+            details[SWAP_EVENT] = {
+                "read_bytes": swapped.read_bytes,
+                "write_bytes": swapped.write_bytes,
+                "wait_seconds": swapped.wait_seconds,
+                "wait_by_phase": swapped.wait_by_phase(spans),
+            }
+        return [(step, kind, t_start, t_end, json.dumps({**d, "phase": phase})) for kind, d in details.items()]
 
 
 def run_steps(
@@ -41,8 +70,8 @@ def run_steps(
     ctx = engine.ctx
     tokens_per_step = spec.effective_batch * spec.seq_len
     records = []
-    comm = CommMeter.install()
-    comm.drain()  # what the engine's construction exchanged is not a step's
+    meters = Meters(CommMeter.install(), SwapMeter.installed())
+    meters.drain()  # what the engine's construction exchanged and swapped is not a step's
     for step in range(window.first, window.last + 1):
         batches = source.micro_batches(step - 1, ctx.rank, ctx.world_size, spec.micro_batch, spec.grad_accum)
         probes.reset_device_peaks()
@@ -69,14 +98,12 @@ def run_steps(
             phase=window.phase,
         )
         store.add_step(strategy_id, ctx.rank, record)
+        spans = engine.phase.drain()
         store.add_events(
             strategy_id,
             ctx.rank,
-            [(step, kind, t0, t1, None) for kind, t0, t1 in engine.phase.drain()]
-            + [
-                (step, f"comm.{kind}", t_start, t_end, json.dumps({**asdict(totals), "phase": window.phase}))
-                for kind, totals in comm.drain().items()
-            ],
+            [(step, kind, t0, t1, None) for kind, t0, t1 in spans]
+            + meters.events(step, t_start, t_end, window.phase, spans),
         )
         records.append(record)
         if budget and step == window.first:
@@ -85,4 +112,5 @@ def run_steps(
             t0 = time.time()
             save_atomic(engine, checkpoint_root, step)
             store.add_events(strategy_id, ctx.rank, [(step, "checkpoint_save", t0, time.time(), str(checkpoint_root))])
+            meters.drain()  # the save's gathers and swaps are not the next step's
     return records

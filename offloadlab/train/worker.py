@@ -37,6 +37,7 @@ from offloadlab.telemetry.sampler import SamplerProcess
 from offloadlab.train.checkpoint import restore_and_check
 from offloadlab.train.comm_meter import CommMeter
 from offloadlab.train.gpu_budget import GiB, GpuBudget, GpuBudgetError
+from offloadlab.train.swap_meter import SwapMeter
 from offloadlab.train.trainer import StepWindow, run_steps
 from offloadlab.workload.data import TokenSource
 from offloadlab.workload.model import model_numbers
@@ -185,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     strategy_id = store.strategy_id(run["id"], strategy.name)
     ctx = DistContext.from_env()
     budget = GpuBudget.for_rank(spec.gpu_memory_limit_gib, ctx.device)
-    # Before any engine is built: DeepSpeed binds torch.distributed's functions when it starts.
+    # Before any engine is built: DeepSpeed binds torch.distributed's functions when it starts, and its
+    # swappers make their aio handles.
     CommMeter.install()
+    if strategy.uses_nvme:
+        SwapMeter.install()
     try:
         (_train if args.mode == "train" else _verify)(
             spec, strategy, ctx, budget, store, strategy_id, args.run_dir, args.nvme_dir
