@@ -7,7 +7,7 @@
 Runs `offloadlab run SPEC` (real steps, telemetry on), then prints predicted vs measured peak GPU bytes
 (torch.cuda.memory_stats' allocated peak), host RSS peak, NVMe bytes read and written per step (the
 ranks' block-layer I/O) and the step time against the predicted lower bound, each with its ratio;
-then the step by phase: forward + backward and the optimizer phase, measured (the run's phase timings)
+then the step by phase: forward + backward, the optimizer phase and the wait for NVMe swaps, measured (the run's phase timings)
 against the parts of the bound that fall there.
 --store compares a run made before. For one made elsewhere give `offloadlab plan SPEC --json` from that
 machine (--links: the machine it planned for, with its budget and pinned rounding, and the links measured
@@ -120,9 +120,13 @@ def compare(
 
 def phase_fields(bound: StepPrediction | None, measured) -> dict:
     """The step split as a run's phase timings split it: forward + backward (with what overlaps them),
-    the optimizer phase after backward, and the rest, predicted and measured (steady-step means)."""
+    the optimizer phase after backward, and the rest, predicted and measured (steady-step means); and the
+    drive's time at the plan's rates against the time the step waited for its swaps."""
     phases = measured.phase_seconds or {}
+    drive = [bound.parts[k] for k in ("nvme_params", "nvme_optimizer") if bound and k in bound.parts]
     return {
+        "nvme_predicted": sum(drive) if drive else None,
+        "nvme_measured": sum(measured.nvme_wait_seconds.values()) if measured.nvme_wait_seconds else None,
         "training_predicted": bound.training_s if bound else None,
         "training_measured": phases["forward"] + phases["backward"] if phases else None,
         "optimizer_predicted": bound.optimizer_s if bound else None,
@@ -167,16 +171,20 @@ def phase_table(rows: list[dict], title: str) -> Table:
     """Where the predicted step and the measured one part: by phase, steady-step means."""
     out = Table(title=title, header_style="bold")
     out.add_column("strategy")
-    for what in ("forward + backward", "optimizer phase", "mean step"):
+    for what in ("forward + backward", "optimizer phase", "mean step", "NVMe"):
         out.add_column(f"{what} s\npred / meas (ratio)", justify="right")
     out.add_column("other s\nmeas", justify="right")
     for row in rows:
         out.add_row(
             row["strategy"],
-            *(cell(row, key, 1, "{:.3f}") for key in ("training", "optimizer", "mean_step")),
+            *(cell(row, key, 1, "{:.3f}") for key in ("training", "optimizer", "mean_step", "nvme")),
             "-" if row["other_measured"] is None else f"{row['other_measured']:.3f}",
         )
-    out.caption = "the plan's bound split where a run's phase timings split a step; ratio = measured / predicted"
+    out.caption = (
+        "the plan's bound split where a run's phase timings split a step; NVMe: the drive's time at the plan's "
+        "rates, then the time the step waited for its swaps (less where compute hides them); "
+        "ratio = measured / predicted"
+    )
     return out
 
 

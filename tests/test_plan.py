@@ -440,6 +440,9 @@ def test_predicted_nvme_bytes_per_step_hold_on_a_real_zero_infinity_run(tmp_path
         assert row["training_measured"] > 0 and row["optimizer_measured"] > 0
         assert row["training_predicted"] + row["optimizer_predicted"] == pytest.approx(row["mean_step_predicted"])
         assert row["optimizer_predicted"] > 0  # the NVMe swap of the optimizer states follows backward
+        # The drive's time the plan counts, and the part of it the run's steps waited for.
+        assert row["nvme_predicted"] > 0
+        assert 0 < row["nvme_measured"] < row["training_measured"] + row["optimizer_measured"]
 
 
 @pytest.mark.slow
