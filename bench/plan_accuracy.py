@@ -7,8 +7,8 @@
 Runs `offloadlab run SPEC` (real steps, telemetry on), then prints predicted vs measured peak GPU bytes
 (torch.cuda.memory_stats' allocated peak), host RSS peak, NVMe bytes read and written per step (the
 ranks' block-layer I/O) and the step time against the predicted lower bound, each with its ratio;
-then the step by phase: forward + backward, the optimizer phase and the wait for NVMe swaps, measured (the run's phase timings)
-against the parts of the bound that fall there.
+then the step by phase: forward + backward, the optimizer phase and the wait for NVMe swaps, measured
+(the run's phase timings and swap meter) against the parts of the bound that fall there.
 --store compares a run made before. For one made elsewhere give `offloadlab plan SPEC --json` from that
 machine (--links: the machine it planned for, with its budget and pinned rounding, and the links measured
 there: PCIe, CPU Adam, host passes, block compute) and its tune folder for the drive rates; without --links

@@ -221,13 +221,11 @@ def tune(
     nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, verify: bool, out: Path | None, as_json: bool
 ) -> None:
     """Measure DeepSpeed aio settings on NVME and write the fastest as a config fragment."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from offloadlab.engines.ops import announce_on
-    from offloadlab.results.rundir import DB_NAME, RunDir, RunDirError, signals_ignored
-    from offloadlab.results.store import RunStore
+    from offloadlab.results.rundir import RunDir, signals_ignored
+    from offloadlab.tune.folder import TuneFolder
     from offloadlab.tune.fragment import write_fragments
-    from offloadlab.tune.search import READ_SHARE, Tuner, TuneSettings
+    from offloadlab.tune.search import Tuner, TuneSettings
     from offloadlab.tune.swap_buffers import plan_swap_buffers
     from offloadlab.tune.tables import plan_table, points_table, summary_table
 
@@ -235,61 +233,20 @@ def tune(
         _stdout_for_json_only()
     if verify and spec_path is None:
         _fail("--verify needs --spec SPEC: the spec whose NVMe strategies are run with the tuned settings")
-    settings = TuneSettings.for_mode(quick)
-    out_dir = RunDir.at(out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}")
-    store = None
-    made: list[Path] = []  # what this tune created, removed again if it fails: never the user's own files
+    folder = TuneFolder(RunDir.at(out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}"))
     try:
-        if out_dir.root.exists() and not out_dir.root.is_dir():
-            raise RunDirError(f"--out {out_dir.root} is a file: pass a folder")
-        if out_dir.store_path.exists():
-            raise RunDirError(f"--out {out_dir.root} holds a run store already: pass another folder")
+        folder.check()
         spec = load_spec(spec_path) if spec_path else None
         nvme_strategy = _nvme_param_strategy(spec) if spec else None
-        tuner = Tuner(nvme_path, workload, settings, announce_build=announce_on(console))
+        tuner = Tuner(nvme_path, workload, TuneSettings.for_mode(quick), announce_build=announce_on(console))
         # Checked before the folder is made: a bad drive or a Ctrl-C while the op loads leaves nothing to undo.
         tuner.preflight()
-        if not out_dir.root.exists():
-            out_dir.root.mkdir(parents=True)
-            made.append(out_dir.root)
-        lock_existed = out_dir.lock_path.exists()
-        out_dir.lock()  # its descriptor stays open: the folder is this tune's until the process exits
-        if not lock_existed:
-            made.append(out_dir.lock_path)
-        made += [out_dir.store_path, *(out_dir.root / f"{DB_NAME}-{s}" for s in ("wal", "shm"))]
-        # Points go to the store as they are measured, so `offloadlab tui` shows the sweep live.
-        store = RunStore(out_dir.root, create_schema=True)
-        run_id = store.add_run("tune", "")
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=not sys.stdout.isatty(),
-        ) as progress:
-            task = progress.add_task("sweeping", total=None)
-
-            def on_progress(stage, point_result, done, expected):
-                progress.update(
-                    task, description=f"{stage:<9} {point_result.point.label()}", completed=done, total=expected
-                )
-                store.upsert_tune_points(run_id, [point_result.record(READ_SHARE[workload])])
-
-            tuner.on_progress = on_progress
-            result = tuner.run()
+        store, run_id = folder.open()
+        result = _sweep_with_progress(tuner, store, run_id, workload)
     except BaseException as err:  # the tuner removed its own files; this removes what the command made
         with signals_ignored():
-            if store is not None:
-                store.close()
-            for path in reversed(made):
-                with contextlib.suppress(OSError):  # a folder that holds the user's files stays
-                    if path == out_dir.root:
-                        path.rmdir()
-                    else:
-                        path.unlink(missing_ok=True)
+            kept = folder.remove()
         if isinstance(err, KeyboardInterrupt):
-            kept = out_dir.root in made and out_dir.root.exists()
             left = " (the folder it made stays: it holds files the tune did not write)" if kept else ""
             console.print(
                 f"[yellow]interrupted: the tuning files and what the tune wrote to its output folder were "
@@ -300,35 +257,54 @@ def tune(
             _fail(str(err))
         raise
     plan = plan_swap_buffers(spec, nvme_strategy, result.best.point.intra_op_parallelism) if nvme_strategy else None
-    toml_path, json_path = write_fragments(result, plan, out_dir.root)
+    toml_path, json_path = write_fragments(result, plan, folder.out_dir.root)
     store.set_run_spec(run_id, toml_path.read_text())
     store.upsert_tune_points(run_id, result.records())
     store.set_run_status(run_id, Status.DONE)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "fragment": str(toml_path),
-                    "best": result.best.point.model_dump(),
-                    "read_gbps": result.best.read_gbps,
-                    "write_gbps": result.best.write_gbps,
-                    "pcie": dataclasses.asdict(result.pcie) if result.pcie else None,
-                    "direct_io": dataclasses.asdict(result.direct_io),
-                    "seconds": result.seconds,
-                    "points": [p.as_dict() for p in result.records()],
-                    "swap_buffers": plan and {**dataclasses.asdict(plan), "pinned_bytes": plan.pinned_bytes},
-                },
-                indent=2,
-            )
-        )
+        click.echo(json.dumps(_tune_json(result, toml_path, plan), indent=2))
     else:
         console.print(points_table(result))
         console.print(summary_table(result))
         if plan:
             console.print(plan_table(plan))
-        console.print(Text(f"fragment: {toml_path} (DeepSpeed JSON: {json_path}); run store: {out_dir.root}"))
+        console.print(Text(f"fragment: {toml_path} (DeepSpeed JSON: {json_path}); run store: {folder.out_dir.root}"))
     if verify:
-        _verify_tuned(spec_path, toml_path, nvme_path, out_dir.root, plan)
+        _verify_tuned(spec_path, toml_path, nvme_path, folder.out_dir.root, plan)
+
+
+def _sweep_with_progress(tuner, store, run_id: int, workload: str):
+    """The tuner's sweep under a progress bar, each point written to the store as it is measured."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from offloadlab.tune.search import READ_SHARE
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=not sys.stdout.isatty()) as progress:
+        task = progress.add_task("sweeping", total=None)
+
+        def on_progress(stage, point_result, done, expected):
+            progress.update(
+                task, description=f"{stage:<9} {point_result.point.label()}", completed=done, total=expected
+            )
+            store.upsert_tune_points(run_id, [point_result.record(READ_SHARE[workload])])
+
+        tuner.on_progress = on_progress
+        return tuner.run()
+
+
+def _tune_json(result, fragment: Path, plan) -> dict:
+    return {
+        "fragment": str(fragment),
+        "best": result.best.point.model_dump(),
+        "read_gbps": result.best.read_gbps,
+        "write_gbps": result.best.write_gbps,
+        "pcie": dataclasses.asdict(result.pcie) if result.pcie else None,
+        "direct_io": dataclasses.asdict(result.direct_io),
+        "seconds": result.seconds,
+        "points": [p.as_dict() for p in result.records()],
+        "swap_buffers": plan and {**dataclasses.asdict(plan), "pinned_bytes": plan.pinned_bytes},
+    }
 
 
 @main.command()
@@ -391,20 +367,14 @@ def plan(
 ) -> None:
     """Predict memory and the step time of every placement on this machine, rank what fits."""
     from offloadlab.plan.inputs import PlanInputs, PlanRequest
-    from offloadlab.plan.output import (
-        bindings_json,
-        breakdown_table,
-        machine_table,
-        past_the_largest,
-        plan_json,
-        plan_table,
-        write_plan,
-    )
+    from offloadlab.plan.output import bindings_json, machine_table, past_the_largest, plan_json, plan_table
 
     if as_json:
         _stdout_for_json_only()
     if largest and (spec_path or preset):
         _fail("--largest searches the model size itself: give neither SPEC nor --model")
+    if chosen and not write_dir:
+        _fail(f"--strategy picks the placement --write writes: add --write DIR to write {chosen}")
     try:
         request = PlanRequest(
             spec_path,
@@ -450,22 +420,27 @@ def plan(
         if largest:
             console.print(past_the_largest(past_shape, past, predictions), width=width)
     if write_dir:
-        feasible = [x for x in predictions if x.fits]
-        pick = (
-            next((x for x in predictions if x.placement.name == chosen), None)
-            if chosen
-            else (feasible[0] if feasible else None)
-        )
+        _write_pick(predictions, chosen, inputs, write_dir, show_breakdown=not as_json)
+
+
+def _write_pick(predictions, chosen: str | None, inputs, write_dir: Path, show_breakdown: bool) -> None:
+    """`plan --write`: the placement asked for (else the winner) as a run spec, DeepSpeed JSON and
+    Accelerate config."""
+    from offloadlab.plan.output import breakdown_table, write_plan
+
+    if chosen:
+        pick = next((x for x in predictions if x.placement.name == chosen), None)
         if pick is None:
-            _fail(
-                f"--strategy {chosen!r} is not one of the planned placements"
-                if chosen
-                else "nothing fits: nothing to write"
-            )
-        if not as_json:
-            console.print(breakdown_table(pick))
-        for path in write_plan(pick, inputs.spec, write_dir, inputs.tuned_fragment):
-            console.print(f"wrote {path}")
+            names = ", ".join(x.placement.name for x in predictions)
+            _fail(f"--strategy {chosen!r} is not one of the planned placements: {names}")
+    else:
+        pick = next((x for x in predictions if x.fits), None)
+        if pick is None:
+            _fail("nothing fits: nothing to write")
+    if show_breakdown:
+        console.print(breakdown_table(pick))
+    for path in write_plan(pick, inputs.spec, write_dir, inputs.tuned_fragment):
+        console.print(f"wrote {path}")
 
 
 @main.command()

@@ -17,7 +17,7 @@ from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 from rich.console import Console
 
-from conftest import cli, load_bench, write_spec
+from conftest import cli, flat, load_bench, write_spec
 from offloadlab.plan import deepspeed, fsdp2
 from offloadlab.plan.accounting import GiB, Links, Machine, Placement, Shape, buffers_for, shape_of_spec
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
@@ -443,6 +443,24 @@ def test_predicted_nvme_bytes_per_step_hold_on_a_real_zero_infinity_run(tmp_path
         # The drive's time the plan counts, and the part of it the run's steps waited for.
         assert row["nvme_predicted"] > 0
         assert 0 < row["nvme_measured"] < row["training_measured"] + row["optimizer_measured"]
+
+
+def test_plan_strategy_is_for_write_and_a_wrong_name_lists_the_placements(tmp_path):
+    proc = cli("plan", "--model", "tiny", "--strategy", "zero1", check=False)
+    assert proc.returncode == 2 and "add --write DIR to write zero1" in flat(proc.stdout + proc.stderr)
+
+
+@pytest.mark.slow
+def test_plan_write_refuses_a_placement_it_did_not_plan_and_a_plan_where_nothing_fits(tmp_path):
+    out = tmp_path / "out"
+    base = ("plan", "--model", "tiny", "--gpu-mem", "0", "--write", str(out))
+    proc = cli(*base, "--strategy", "no-such", check=False)
+    message = flat(proc.stdout + proc.stderr)
+    assert proc.returncode == 2 and "'no-such' is not one of the planned placements: " in message
+    assert "zero3-opt-cpu" in message.split("planned placements: ")[1]
+    proc = cli(*base, "--host-mem", "0.01", check=False)
+    assert proc.returncode == 2 and "nothing fits: nothing to write" in flat(proc.stdout + proc.stderr)
+    assert not out.exists()
 
 
 @pytest.mark.slow

@@ -1,0 +1,53 @@
+"""The folder a tune writes (`--out`): its store, lock and fragments, made only as the tune gets there and
+removed again if it fails or is stopped. A folder the user made, or files of theirs in it, stay."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from offloadlab.results.rundir import DB_NAME, RunDir, RunDirError
+from offloadlab.results.store import RunStore
+
+
+class TuneFolder:
+    def __init__(self, out_dir: RunDir):
+        self.out_dir = out_dir
+        self.made: list[Path] = []
+        """What this tune created, in the order it did: removed in reverse on failure."""
+        self.store: RunStore | None = None
+
+    def check(self) -> None:
+        """Before anything is measured: the folder can take a tune."""
+        root = self.out_dir.root
+        if root.exists() and not root.is_dir():
+            raise RunDirError(f"--out {root} is a file: pass a folder")
+        if self.out_dir.store_path.exists():
+            raise RunDirError(f"--out {root} holds a run store already: pass another folder")
+
+    def open(self) -> tuple[RunStore, int]:
+        """Make the folder (if new), take its lock for this process's life and start the tune's store;
+        points go to the store as they are measured, so `offloadlab tui` shows the sweep live."""
+        root = self.out_dir.root
+        if not root.exists():
+            root.mkdir(parents=True)
+            self.made.append(root)
+        lock_existed = self.out_dir.lock_path.exists()
+        self.out_dir.lock()  # its descriptor stays open: the folder is this tune's until the process exits
+        if not lock_existed:
+            self.made.append(self.out_dir.lock_path)
+        self.made += [self.out_dir.store_path, *(root / f"{DB_NAME}-{s}" for s in ("wal", "shm"))]
+        self.store = RunStore(root, create_schema=True)
+        return self.store, self.store.add_run("tune", "")
+
+    def remove(self) -> bool:
+        """Remove what this tune made; returns whether the folder it made stays (it holds other files)."""
+        if self.store is not None:
+            self.store.close()
+        for path in reversed(self.made):
+            with contextlib.suppress(OSError):  # a folder that holds the user's files stays
+                if path == self.out_dir.root:
+                    path.rmdir()
+                else:
+                    path.unlink(missing_ok=True)
+        return self.out_dir.root in self.made and self.out_dir.root.exists()
