@@ -197,9 +197,10 @@ def phase_chart(summaries: list[StrategySummary]) -> str:
     ax.invert_yaxis()
     ax.set_xlabel("seconds per steady step (mean)", fontsize=8)
     ax.tick_params(labelsize=7)
-    ax.set_xlim(right=left.max() * 1.5)
+    waited = any(s.nvme_wait_seconds for s in timed)
+    ax.set_xlim(right=left.max() * (1.5 if waited else 1.25))  # room after the bars for the verdicts
     handles, labels = ax.get_legend_handles_labels()
-    if any(s.nvme_wait_seconds for s in timed):
+    if waited:
         handles.append(Patch(facecolor="none", hatch="////", label="NVMe wait"))
         labels.append("NVMe wait")
     # Above the bars: inside the axes it covered the last strategy's.
