@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import tomllib
 from pathlib import Path
 
@@ -293,7 +294,8 @@ def test_what_the_plan_calls_pinned_is_the_buffers_the_engines_pin(world):
     partition and its gradient): Adam's m and v are CPU Adam's own pageable state."""
     shape = _shape("gpt-1.4b")
     buffers = buffers_for(shape)
-    for p in candidate_placements():
+    offloading = [p for p in candidate_placements() if p.strategy.offloads]
+    for p in offloading + [p.varied(f"{p.name}-pageable", pin_memory=False) for p in offloading]:
         engine = engine_model(p)
         m = engine.memory(p, shape, world, buffers, True)
         listed = sum(engine.pinned_buffers(p, shape, world, buffers))
@@ -301,6 +303,28 @@ def test_what_the_plan_calls_pinned_is_the_buffers_the_engines_pin(world):
     zero3 = deepspeed.model_states(_zero("z3c", 3, "cpu"), shape, world)
     assert zero3.host_pinned["optimizer states"] == pytest.approx(4 * shape.n_params / world)
     assert zero3.host_pageable["optimizer states"] == pytest.approx(12 * shape.n_params / world)
+
+
+@pytest.mark.parametrize("world", [1, 8])
+def test_without_pin_memory_only_the_buffers_deepspeed_always_pins_stay_pinned(world):
+    """pin_memory = false leaves the optimizer's buffers pageable (stage_1_and_2, stage3 check it), but
+    not stage3's flat buffer of the offloaded parameters nor the NVMe swap buffers: the host's total is
+    the same, its pinned part what the engine really pins."""
+    shape = _shape("gpt-1.4b")
+    buffers = buffers_for(shape)
+    for p in (_zero("z2c", 2, "cpu"), _zero("z3c", 3, "cpu"), _zero("z3cc", 3, "cpu", "cpu")):
+        pageable = p.varied(p.name, pin_memory=False)
+        pinned, unpinned = (deepspeed.memory(x, shape, world, buffers, True) for x in (p, pageable))
+        assert unpinned.host_bytes == pytest.approx(pinned.host_bytes) and pinned.pinned_bytes > 0
+        flat_params = shape.param_bytes * shape.n_params / world if p.strategy.offload_param == "cpu" else 0
+        assert unpinned.pinned_bytes == pytest.approx(flat_params), p.name
+    # ZeRO-Infinity: the parameters kept in RAM and both swappers' buffers stay pinned; the 16-bit gradient
+    # partitions (stage3's grad_partitions_flat_buffer) follow the flag.
+    nvme = _zero("z3nn", 3, "nvme", "nvme")
+    always = deepspeed.pinned_buffers(nvme.varied("pageable", pin_memory=False), shape, world, buffers)
+    gradients = shape.param_bytes * math.ceil(shape.n_params / world)
+    assert sorted(always + [gradients]) == sorted(deepspeed.pinned_buffers(nvme, shape, world, buffers))
+    assert len(always) == 1 + buffers.param_buffer_count + buffers.optimizer_buffer_count
 
 
 def test_a_partial_offload_moves_whole_sub_groups_and_the_gpu_updates_its_share_in_the_same_loop():

@@ -52,6 +52,12 @@ def _place_of(device: str) -> str:
     return {"none": "gpu", "cpu": "host_pinned", "nvme": "nvme"}[device]
 
 
+def _pinned_if_asked(p: Placement) -> str:
+    """Where a host buffer DeepSpeed pins only with `pin_memory` goes: all but the parameters' flat buffer
+    (stage3._create_param_groups_fp16_flat_cpu_memory) and the NVMe swap buffers, pinned whatever it says."""
+    return "host_pinned" if p.strategy.pin_memory else "host_pageable"
+
+
 def sub_groups(shape: Shape, world: int, size: int = 1_000_000_000) -> list[int]:
     """A rank's ZeRO-3 sub-groups in elements, as DeepSpeed forms them (stage3._create_fp16_sub_groups):
     parameter partitions, in the model's order, collected until a group reaches `size` (the strategy's
@@ -154,10 +160,10 @@ def model_states(p: Placement, shape: Shape, world: int) -> Memory:
         # Where ZeRO-1/2 stage a parameter's gradient on its way to and from the CPU
         # (stage_1_and_2's temp_grad_buffer_for_gpu_offload / _for_cpu_offload), held throughout.
         m.add("gpu", "gradient staging buffer", b.grad * shape.largest_param_numel)
-        m.add("host_pinned", "gradient staging buffer", b.grad * shape.largest_param_numel)
+        m.add(_pinned_if_asked(p), "gradient staging buffer", b.grad * shape.largest_param_numel)
         # The stepped fp32 partition is cast into a 16-bit copy on the host before it goes back to the GPU
         # (stage_1_and_2's param_buffer_of_bit16_for_cpu_offload_groups), pinned for the whole run.
-        m.add("host_pinned", "16-bit copy of the partition", b.param * n / world)
+        m.add(_pinned_if_asked(p), "16-bit copy of the partition", b.param * n / world)
     if p.strategy.offload_optimizer == "none" and p.strategy.zero_stage < 3:
         m.add("gpu", "gradients", b.grad * (n if p.strategy.zero_stage == 1 else n / world))
     # ZeRO-3 reduces gradients straight into the optimizer's fp32 partition, and with the optimizer
@@ -175,7 +181,7 @@ def model_states(p: Placement, shape: Shape, world: int) -> Memory:
             # Pinned: the fp32 gradient of each sub-group (stage3), or the fp32 partition and its gradient
             # (stage_1_and_2), as pinned_buffers lists them; Adam's m and v are CPU Adam's own pageable state.
             pinned = (4 if p.strategy.zero_stage == 3 else 8) * share * n / world
-            m.add("host_pinned", "optimizer states", pinned)
+            m.add(_pinned_if_asked(p), "optimizer states", pinned)
             m.add("host_pageable", "optimizer states", optimizer * share - pinned)
         if share < 1.0:
             m.add("gpu", "optimizer states", optimizer * (1 - share))
@@ -209,7 +215,9 @@ def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, 
     if p.strategy.zero_stage == 3 and p.strategy.offload_optimizer != "none":
         # ZeRO-3 reduces 16-bit gradients into a pinned buffer of the whole partition on the optimizer's
         # device, the CPU for either offload (stage3's grad_partitions_flat_buffer), which stays in RAM.
-        m.add("host_pinned", "gradient partitions (16-bit)", shape.param_bytes * math.ceil(shape.n_params / world))
+        m.add(
+            _pinned_if_asked(p), "gradient partitions (16-bit)", shape.param_bytes * math.ceil(shape.n_params / world)
+        )
     # ZeRO-1/2 build the fp32 model on the CPU first; ZeRO-3's zero.Init partitions it at construction.
     m.host_build_bytes = 0 if p.strategy.zero_stage == 3 else 4 * shape.n_params
     if buffers is not None:
@@ -226,17 +234,18 @@ def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, 
 
 
 def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None) -> list[float]:
-    """Bytes of each buffer DeepSpeed pins for a rank: ZeRO-1/2's fp32 partition, its gradient and 16-bit
-    copy (stage_1_and_2), ZeRO-3's fp32 gradient of each sub-group on the CPU and 16-bit gradient buffer
-    (stage3), the parameters kept in RAM and the swap buffers."""
+    """Bytes of each buffer DeepSpeed pins for a rank: with `pin_memory`, ZeRO-1/2's fp32 partition, its
+    gradient and 16-bit copy (stage_1_and_2), ZeRO-3's fp32 gradient of each sub-group on the CPU and 16-bit
+    gradient buffer (stage3); whatever it says, the parameters kept in RAM and the swap buffers."""
     s, b, n = p.strategy, shape.param_bytes, shape.n_params
-    out: list[float] = []
+    if_asked: list[float] = []
     if s.offload_optimizer == "cpu" and s.zero_stage < 3:
-        out += [4 * n / world, 4 * n / world, b * n / world, b * shape.largest_param_numel]
+        if_asked += [4 * n / world, 4 * n / world, b * n / world, b * shape.largest_param_numel]
     elif s.offload_optimizer == "cpu":
-        out += [4 * g for g in host_sub_groups(p, shape, world)]
+        if_asked += [4 * g for g in host_sub_groups(p, shape, world)]
     if s.zero_stage == 3 and s.offload_optimizer != "none":
-        out.append(b * math.ceil(n / world))
+        if_asked.append(b * math.ceil(n / world))
+    out = if_asked if s.pin_memory else []
     if s.offload_param == "cpu":
         out.append(b * n / world)
     if s.offload_param == "nvme":

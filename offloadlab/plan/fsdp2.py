@@ -21,8 +21,9 @@ FSDP2_CPU_STEP_OVER_PROBES = {"deepspeed": 2.05, "torch": 1.55}
 
 
 def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None) -> list[float]:
-    """CPUOffloadPolicy pins each parameter's fp32 shard and its gradient's, one buffer each."""
-    if not p.strategy.cpu_offload:
+    """CPUOffloadPolicy pins each parameter's fp32 shard and its gradient's, one buffer each (with its
+    pin_memory)."""
+    if not (p.strategy.cpu_offload and p.strategy.pin_memory):
         return []
     return [4 * math.ceil(numel / world) for numel in shape.param_numels for _ in range(2)]
 
@@ -47,7 +48,8 @@ def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, 
     m, n = Memory(), shape.n_params
     temporary = 4 * adamw_temporary_numel(p, shape, on_gpu) / world
     if p.strategy.cpu_offload:
-        m.add("host_pinned", "parameters + gradients (fp32 shards)", 8 * n / world)
+        shards = "host_pinned" if p.strategy.pin_memory else "host_pageable"
+        m.add(shards, "parameters + gradients (fp32 shards)", 8 * n / world)
         m.add("host_pageable", "optimizer states", 8 * n / world)
         if temporary:
             m.add("host_pageable", "AdamW's temporaries", temporary)
