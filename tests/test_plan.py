@@ -573,7 +573,7 @@ H200_HOST_RSS = {
 def test_host_rss_holds_for_the_cuda_runtime_and_zero3s_pinned_gradient_buffer(store):
     """The CUDA runtime's resident bytes and ZeRO-3's 16-bit gradient buffer on the CPU were missing: the
     prediction ran 1.15x low for FSDP2 without offload and 1.60x low for the 8.07B partial offload."""
-    from offloadlab.plan.inputs import swap_buffers_of
+    from offloadlab.plan.accounting import swap_buffers_of
     from offloadlab.plan.predict import predict_memory
     from offloadlab.results.store import RunStore
     from offloadlab.results.summary import summarize

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import cli, flat, write_spec
-from offloadlab.checks.host import PreflightError, check_direct_io, check_directory, check_free_disk
+from offloadlab.checks.host import (
+    CAP_IPC_LOCK,
+    PreflightError,
+    check_direct_io,
+    check_directory,
+    check_free_disk,
+    has_cap_ipc_lock,
+)
 from offloadlab.run.preflight import check_disk_for_run
 from offloadlab.spec import load_spec
 
@@ -62,6 +72,41 @@ def test_run_rejects_tmpfs_nvme_path(tmp_path):
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
     assert proc.returncode == 2
     assert "no O_DIRECT" in proc.stdout
+
+
+def _held_to(limit: int) -> list[str] | None:
+    """A command prefix that runs as Docker's root does: `ulimit -l` held to `limit` bytes, no CAP_IPC_LOCK;
+    None where this machine cannot do that (no prlimit or setpriv, or not allowed to drop the capability)."""
+    prefix = ["prlimit", f"--memlock={limit}:{limit}"]
+    if has_cap_ipc_lock():
+        prefix += ["setpriv", "--bounding-set=-ipc_lock", "--"]
+    if not all(shutil.which(tool) for tool in ("prlimit", "setpriv")):
+        return None
+    probe = subprocess.run([*prefix, "cat", "/proc/self/status"], capture_output=True, text=True)
+    caps = next((line for line in probe.stdout.splitlines() if line.startswith("CapEff:")), None)
+    if probe.returncode != 0 or caps is None or int(caps.split()[1], 16) >> CAP_IPC_LOCK & 1:
+        return None
+    return prefix
+
+
+@pytest.mark.slow
+def test_run_refuses_swap_buffers_over_ulimit_l_before_anything_starts(tmp_path):
+    """DeepSpeed mlocks its NVMe swap buffers: over `ulimit -l` (8 MiB in many containers) each rank aborted
+    at start with "mlock failed", and the run said "exited with code 1: =====". Here 5 x 1M fp32 parameter
+    buffers (20 MB) against an 8 MiB limit are refused before any process starts."""
+    _, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    prefix = _held_to(8 << 20 if hard == resource.RLIM_INFINITY else min(8 << 20, hard))
+    if prefix is None:
+        pytest.skip("cannot hold a process to a memlock limit without CAP_IPC_LOCK here")
+    spec = write_spec(tmp_path, [NVME_STRATEGY], nvme_path=str(tmp_path))
+    offloadlab = str(Path(sys.executable).parent / "offloadlab")
+    run = [*prefix, offloadlab, "run", str(spec), "--out", str(tmp_path / "run")]
+    proc = subprocess.run(run, capture_output=True, text=True, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    message = flat(proc.stdout + proc.stderr)
+    assert proc.returncode == 2, message
+    assert "strategy z3's NVMe swap buffers: ulimit -l is" in message
+    assert "docker run --ulimit memlock=-1" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.toml"]
 
 
 def _model_of(n_params_target: int) -> dict:

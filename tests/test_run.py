@@ -279,3 +279,24 @@ def test_compare_with_long_names_gives_up_the_widest_layouts_last_columns_first(
     kept = [c.header in shown for c in order]
     assert kept == sorted(kept, reverse=True) and not all(kept)
     assert all(c.header in shown for c in COLUMNS if c.width == 0)
+
+
+def test_a_rank_killed_by_a_signal_is_named_by_its_last_words_not_torchruns_report():
+    """A rank that aborts leaves torchrun's report last; the reason was its "=====" rule."""
+    from offloadlab.run.runner import crash_reason
+
+    rank = "python3: pin_tensor.cpp:48: alloc: Assertion `nullptr != pinned_buffer' failed."
+    report = [
+        "E1205 00:00:17.121000 3809 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) "
+        "local_rank: 0 (pid: 3814) of binary: python3",
+        "Traceback (most recent call last):",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "  exitcode  : -6 (pid: 3814)  (SIGABRT)",
+        "=====================================================",
+    ]
+    output = "\n".join(["$ torchrun ...", "DeepSpeed's op built", rank, *report]) + "\n"
+    assert crash_reason(1, output) == f"a rank died of SIGABRT: {rank}"
+    mlock = "mlock failed to allocate 64004096 bytes with error no 12 msg Cannot allocate memory"
+    reason = crash_reason(1, output.replace(rank, f"{mlock}\n{rank}"))
+    assert reason.startswith(f"a rank died of SIGABRT: {mlock}") and "raise ulimit -l" in reason
+    assert crash_reason(1, "$ torchrun ...\nValueError: bad spec\n") == "exited with code 1: ValueError: bad spec"

@@ -125,11 +125,17 @@ def check_pinned_memory(pinned_bytes: int) -> None:
             f"{available / 2**30:.1f} GiB of RAM available: "
             "lower buffer_count/buffer_size (or io size) or free memory"
         )
+    check_memlock(pinned_bytes)
+
+
+def check_memlock(pinned_bytes: int) -> None:
+    """Without CAP_IPC_LOCK, what is mlocked must fit `ulimit -l` (DeepSpeed's aio buffers are)."""
     soft = memlock_limit_bytes()
     if soft is not None and pinned_bytes > soft:
         raise PreflightError(
             f"ulimit -l is {soft // 1024} KiB but {pinned_bytes // 1024} KiB must be page-locked: raise it "
-            "(ulimit -l unlimited, or memlock in /etc/security/limits.conf) and start a new shell"
+            "(ulimit -l unlimited, or memlock in /etc/security/limits.conf, and start a new shell; in a "
+            "container, docker run --ulimit memlock=-1 or --cap-add IPC_LOCK)"
         )
 
 

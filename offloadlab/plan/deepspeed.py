@@ -220,17 +220,24 @@ def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, 
         )
     # ZeRO-1/2 build the fp32 model on the CPU first; ZeRO-3's zero.Init partitions it at construction.
     m.host_build_bytes = 0 if p.strategy.zero_stage == 3 else 4 * shape.n_params
-    if buffers is not None:
-        if p.strategy.offload_param == "nvme":
-            m.add(
-                "host_pinned",
-                "parameter swap buffers",
-                buffers.param_buffer_count * buffers.param_buffer_size * shape.param_bytes,
-            )
-        if p.strategy.offload_optimizer == "nvme":
-            sub_group = max(sub_groups(shape, world, p.strategy.sub_group_size))
-            m.add("host_pinned", "optimizer swap buffers", buffers.optimizer_buffer_count * sub_group * 4)
+    for what, sizes in swap_buffers(p, shape, world, buffers).items():
+        m.add("host_pinned", what, sum(sizes))
     return m
+
+
+def swap_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None) -> dict[str, list[float]]:
+    """Bytes of each NVMe swap buffer of a rank, which DeepSpeed page-locks with mlock (its pin_memory op)
+    whatever `pin_memory` says: the parameter swapper's buffer_count buffers of buffer_size, and the
+    optimizer swapper's, each the largest sub-group's fp32 partition."""
+    out: dict[str, list[float]] = {}
+    if buffers is None:
+        return out
+    if p.strategy.offload_param == "nvme":
+        out["parameter swap buffers"] = [buffers.param_buffer_size * shape.param_bytes] * buffers.param_buffer_count
+    if p.strategy.offload_optimizer == "nvme":
+        sub_group = max(sub_groups(shape, world, p.strategy.sub_group_size))
+        out["optimizer swap buffers"] = [4 * sub_group] * buffers.optimizer_buffer_count
+    return out
 
 
 def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None) -> list[float]:
@@ -250,11 +257,7 @@ def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers 
         out.append(b * n / world)
     if s.offload_param == "nvme":
         out.append(b * min(n / world, s.max_in_cpu))
-        if buffers is not None:
-            out += [buffers.param_buffer_size * b] * buffers.param_buffer_count
-    if s.offload_optimizer == "nvme" and buffers is not None:
-        out += [4 * max(sub_groups(shape, world, s.sub_group_size))] * buffers.optimizer_buffer_count
-    return out
+    return out + [size for sizes in swap_buffers(p, shape, world, buffers).values() for size in sizes]
 
 
 def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:

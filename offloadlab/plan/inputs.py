@@ -24,6 +24,7 @@ from offloadlab.plan.accounting import (
     candidate_placements,
     compute_stand_in,
     shape_of_spec,
+    swap_buffers_of,
 )
 from offloadlab.plan.links import BLOCK_MEASURED, measure_links
 from offloadlab.results.store import DB_NAME
@@ -59,14 +60,6 @@ def _newest_tune(root: Path = Path("runs")) -> Path | None:
         return None
     tunes = sorted((p for p in root.glob("tune-*") if (p / DB_NAME).is_file()), key=lambda p: p.stat().st_mtime)
     return next((p for p in reversed(tunes) if nvme_from_tune_store(p)), None)
-
-
-def swap_buffers_of(strategy, shape: Shape) -> SwapBuffers:
-    """The parameter swap buffers a strategy asks for when it swaps parameters to NVMe, else DeepSpeed's
-    defaults widened to the largest parameter."""
-    if strategy is not None and strategy.swaps_parameters:
-        return SwapBuffers(strategy.buffer_count, strategy.buffer_size, strategy.optimizer_buffer_count)
-    return buffers_for(shape)
 
 
 def _shape(spec: RunSpec, cfg: GPTConfig) -> Shape:

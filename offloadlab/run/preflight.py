@@ -1,14 +1,20 @@
 """What `offloadlab run` checks of a spec before it starts a process: the NVMe folder, swap buffers against
-the largest parameter, and disk for every strategy's swap and checkpoint."""
+the largest parameter and the page-locking limit, and disk for every strategy's swap and checkpoint."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from offloadlab.checks.host import PreflightError, check_direct_io, check_directory, check_free_disk
+from offloadlab.checks.host import (
+    PreflightError,
+    check_direct_io,
+    check_directory,
+    check_free_disk,
+    check_memlock,
+)
 from offloadlab.engines import engine_class
-from offloadlab.plan.accounting import Shape, shape_of_spec
+from offloadlab.plan.accounting import Placement, Shape, shape_of_spec, swap_buffers_of
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
 
 
@@ -19,6 +25,20 @@ def check_buffer_fits_largest_param(strategy: DeepSpeedStrategy, largest_param_n
             f"parameter ({largest_param_numel:,} elements, usually the embedding): "
             f"set buffer_size >= {largest_param_numel}"
         )
+
+
+def check_swap_buffers_lockable(spec: RunSpec, strategy: DeepSpeedStrategy, shape: Shape) -> None:
+    """DeepSpeed page-locks a rank's NVMe swap buffers with mlock: without CAP_IPC_LOCK they must fit
+    `ulimit -l`, or the rank aborts at start ("mlock failed to allocate"). Whether they fit the RAM is the
+    plan's fit check, which `--force` overrides."""
+    from offloadlab.plan.deepspeed import swap_buffers
+
+    placement = Placement(strategy, spec.model.activation_checkpointing)
+    sizes = swap_buffers(placement, shape, spec.nproc, swap_buffers_of(strategy, shape)).values()
+    try:
+        check_memlock(int(sum(size for buffers in sizes for size in buffers)))
+    except PreflightError as err:
+        raise PreflightError(f"strategy {strategy.name}'s NVMe swap buffers: {err}") from None
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -90,5 +110,6 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> Shape:
         check_libaio()
     for strategy in nvme:
         check_buffer_fits_largest_param(strategy, shape.largest_param_numel)
+        check_swap_buffers_lockable(spec, strategy, shape)
     check_disk_for_run(spec, run_dir, shape.n_params)
     return shape

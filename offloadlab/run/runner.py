@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -84,6 +85,31 @@ def new_run_dir(spec: RunSpec, out: Path | None) -> RunDir:
     if path.is_dir() and any(p.name != LOCK_NAME for p in path.iterdir()):
         raise RunDirError(f"run directory {path} exists and is not empty: pass another --out")
     return RunDir.at(path)
+
+
+# torchrun's own log lines: "E1205 00:00:17.121000 3809 torch/distributed/elastic/...".
+TORCHRUN_LOG_LINE = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d")
+
+
+def crash_reason(rc: int, output: str) -> str:
+    """Why a launch failed, from its output. Where torchrun says a rank died of a signal, its last words
+    before torchrun's report (an op's failed assertion; DeepSpeed's "mlock failed ..." before the assertion
+    it trips), not the report's last line."""
+    lines = [line for line in output.splitlines() if line.strip() and not line.startswith("$ ")]
+    died = re.search(r"exitcode\s*: -\d+ \(pid: \d+\)\s*\((SIG\w+)\)", output)
+    if died is None:
+        return f"exited with code {rc}: {lines[-1][:300] if lines else 'no output'}"
+    before = output[: output.find("failed (exitcode")].splitlines()
+    said = [
+        line for line in before if line.strip() and not line.startswith("$ ") and not TORCHRUN_LOG_LINE.match(line)
+    ]
+    mlock = next((line for line in said if line.startswith("mlock failed")), None)
+    if mlock:
+        return (
+            f"a rank died of {died[1]}: {mlock[:200]}: DeepSpeed could not page-lock its NVMe swap buffers; "
+            "raise ulimit -l (or run with CAP_IPC_LOCK)"
+        )
+    return f"a rank died of {died[1]}: {said[-1][:300] if said else 'no output'}"
 
 
 def oom_kills() -> int:
@@ -305,8 +331,7 @@ class Runner:
                 "killed by SIGKILL from outside offloadlab, not by the kernel's OOM killer "
                 "(its oom_kill count did not move)"
             )
-        lines = [line for line in latest.splitlines() if line.strip() and not line.startswith("$ ")]
-        return Status.FAILED, f"exited with code {rc}: {lines[-1][:300] if lines else 'no output'}"
+        return Status.FAILED, crash_reason(rc, latest)
 
     def _stop(self, job: StrategyJob) -> None:
         if job.proc is None or job.proc.poll() is not None:
@@ -360,8 +385,8 @@ def held_to_budget(spec: RunSpec, machine: Machine, console: Console) -> Machine
 def check_fits(spec: RunSpec, shape: Shape, console: Console, force: bool) -> None:
     """Ask the planner before any process starts: refuse a spec none of whose strategies fits this machine,
     and say which ones are predicted not to fit."""
-    from offloadlab.plan.accounting import Placement
-    from offloadlab.plan.inputs import detect_machine, swap_buffers_of
+    from offloadlab.plan.accounting import Placement, swap_buffers_of
+    from offloadlab.plan.inputs import detect_machine
     from offloadlab.plan.predict import predict
 
     machine = held_to_budget(spec, detect_machine(spec.nproc, None, None, spec.nvme_path), console)
