@@ -15,6 +15,7 @@ from offloadlab.checks.host import (
 )
 from offloadlab.engines import engine_class
 from offloadlab.plan.accounting import Placement, Shape, shape_of_spec, swap_buffers_of
+from offloadlab.plan.deepspeed import swap_buffers
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
 
 
@@ -31,8 +32,6 @@ def check_swap_buffers_lockable(spec: RunSpec, strategy: DeepSpeedStrategy, shap
     """DeepSpeed page-locks a rank's NVMe swap buffers with mlock: without CAP_IPC_LOCK they must fit
     `ulimit -l`, or the rank aborts at start ("mlock failed to allocate"). Whether they fit the RAM is the
     plan's fit check, which `--force` overrides."""
-    from offloadlab.plan.deepspeed import swap_buffers
-
     placement = Placement(strategy, spec.model.activation_checkpointing)
     sizes = swap_buffers(placement, shape, spec.nproc, swap_buffers_of(strategy, shape)).values()
     try:
