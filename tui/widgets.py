@@ -83,10 +83,9 @@ def phase_bar(s: StrategySummary) -> Text:
     if not s.phase_seconds or s.bound_by is None:
         return Text("")
     total = sum(s.phase_seconds.values())
-    waited = s.nvme_wait_seconds or {}
     bar = Text()
     for name, seconds in s.phase_seconds.items():
-        waiting = min(waited.get(name, 0.0), seconds)
+        waiting = s.nvme_waiting_in(name)
         bar.append("█" * round(PHASE_BAR_WIDTH * (seconds - waiting) / total), style=PHASE_STYLES[name])
         bar.append("░" * round(PHASE_BAR_WIDTH * waiting / total), style=PHASE_STYLES[name])
     name, share = s.bound_by

@@ -344,6 +344,11 @@ class StepPrediction:
         return self.seconds - self.training_s
 
 
+def pinned_if_asked(strategy) -> str:
+    """Where a host buffer an engine pins only with the strategy's `pin_memory` goes."""
+    return "host_pinned" if strategy.pin_memory else "host_pageable"
+
+
 def buffers_for(shape: Shape) -> SwapBuffers:
     """DeepSpeed's default parameter buffers, each widened to hold the largest parameter."""
     return SwapBuffers(param_buffer_size=max(SwapBuffers().param_buffer_size, shape.largest_param_numel))

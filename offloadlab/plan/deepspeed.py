@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from offloadlab.plan.accounting import Links, Memory, Placement, Shape, SwapBuffers, loss_bytes
+from offloadlab.plan.accounting import Links, Memory, Placement, Shape, SwapBuffers, loss_bytes, pinned_if_asked
 from offloadlab.spec import ZenFlowSettings
 
 # DeepSpeed's default reduce_bucket_size (offloadlab leaves it alone), in elements of the model's dtype.
@@ -50,12 +50,6 @@ class ModelStateBytes:
 
 def _place_of(device: str) -> str:
     return {"none": "gpu", "cpu": "host_pinned", "nvme": "nvme"}[device]
-
-
-def _pinned_if_asked(p: Placement) -> str:
-    """Where a host buffer DeepSpeed pins only with `pin_memory` goes: all but the parameters' flat buffer
-    (stage3._create_param_groups_fp16_flat_cpu_memory) and the NVMe swap buffers, pinned whatever it says."""
-    return "host_pinned" if p.strategy.pin_memory else "host_pageable"
 
 
 def sub_groups(shape: Shape, world: int, size: int = 1_000_000_000) -> list[int]:
@@ -160,10 +154,10 @@ def model_states(p: Placement, shape: Shape, world: int) -> Memory:
         # Where ZeRO-1/2 stage a parameter's gradient on its way to and from the CPU
         # (stage_1_and_2's temp_grad_buffer_for_gpu_offload / _for_cpu_offload), held throughout.
         m.add("gpu", "gradient staging buffer", b.grad * shape.largest_param_numel)
-        m.add(_pinned_if_asked(p), "gradient staging buffer", b.grad * shape.largest_param_numel)
+        m.add(pinned_if_asked(p.strategy), "gradient staging buffer", b.grad * shape.largest_param_numel)
         # The stepped fp32 partition is cast into a 16-bit copy on the host before it goes back to the GPU
         # (stage_1_and_2's param_buffer_of_bit16_for_cpu_offload_groups), pinned for the whole run.
-        m.add(_pinned_if_asked(p), "16-bit copy of the partition", b.param * n / world)
+        m.add(pinned_if_asked(p.strategy), "16-bit copy of the partition", b.param * n / world)
     if p.strategy.offload_optimizer == "none" and p.strategy.zero_stage < 3:
         m.add("gpu", "gradients", b.grad * (n if p.strategy.zero_stage == 1 else n / world))
     # ZeRO-3 reduces gradients straight into the optimizer's fp32 partition, and with the optimizer
@@ -181,7 +175,7 @@ def model_states(p: Placement, shape: Shape, world: int) -> Memory:
             # Pinned: the fp32 gradient of each sub-group (stage3), or the fp32 partition and its gradient
             # (stage_1_and_2), as pinned_buffers lists them; Adam's m and v are CPU Adam's own pageable state.
             pinned = (4 if p.strategy.zero_stage == 3 else 8) * share * n / world
-            m.add(_pinned_if_asked(p), "optimizer states", pinned)
+            m.add(pinned_if_asked(p.strategy), "optimizer states", pinned)
             m.add("host_pageable", "optimizer states", optimizer * share - pinned)
         if share < 1.0:
             m.add("gpu", "optimizer states", optimizer * (1 - share))
@@ -216,7 +210,9 @@ def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, 
         # ZeRO-3 reduces 16-bit gradients into a pinned buffer of the whole partition on the optimizer's
         # device, the CPU for either offload (stage3's grad_partitions_flat_buffer), which stays in RAM.
         m.add(
-            _pinned_if_asked(p), "gradient partitions (16-bit)", shape.param_bytes * math.ceil(shape.n_params / world)
+            pinned_if_asked(p.strategy),
+            "gradient partitions (16-bit)",
+            shape.param_bytes * math.ceil(shape.n_params / world),
         )
     # ZeRO-1/2 build the fp32 model on the CPU first; ZeRO-3's zero.Init partitions it at construction.
     m.host_build_bytes = 0 if p.strategy.zero_stage == 3 else 4 * shape.n_params
@@ -243,7 +239,8 @@ def swap_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | 
 def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None) -> list[float]:
     """Bytes of each buffer DeepSpeed pins for a rank: with `pin_memory`, ZeRO-1/2's fp32 partition, its
     gradient and 16-bit copy (stage_1_and_2), ZeRO-3's fp32 gradient of each sub-group on the CPU and 16-bit
-    gradient buffer (stage3); whatever it says, the parameters kept in RAM and the swap buffers."""
+    gradient buffer (stage3); whatever it says, the parameters kept in RAM (stage3's flat buffer,
+    _create_param_groups_fp16_flat_cpu_memory) and the swap buffers."""
     s, b, n = p.strategy, shape.param_bytes, shape.n_params
     if_asked: list[float] = []
     if s.offload_optimizer == "cpu" and s.zero_stage < 3:

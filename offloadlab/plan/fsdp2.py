@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from offloadlab.plan.accounting import Links, Memory, Placement, Shape, SwapBuffers
+from offloadlab.plan.accounting import Links, Memory, Placement, Shape, SwapBuffers, pinned_if_asked
 
 # FSDP2's forward over the same model's without it (ZeRO-2, parameters on the GPU), 1.42B GPT (24 blocks and
 # the root), one micro-batch, on two 16-core H200 hosts: 0.035 against 0.018 s; forward and backward
@@ -48,8 +48,7 @@ def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, 
     m, n = Memory(), shape.n_params
     temporary = 4 * adamw_temporary_numel(p, shape, on_gpu) / world
     if p.strategy.cpu_offload:
-        shards = "host_pinned" if p.strategy.pin_memory else "host_pageable"
-        m.add(shards, "parameters + gradients (fp32 shards)", 8 * n / world)
+        m.add(pinned_if_asked(p.strategy), "parameters + gradients (fp32 shards)", 8 * n / world)
         m.add("host_pageable", "optimizer states", 8 * n / world)
         if temporary:
             m.add("host_pageable", "AdamW's temporaries", temporary)

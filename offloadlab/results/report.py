@@ -185,7 +185,7 @@ def phase_chart(summaries: list[StrategySummary]) -> str:
     left = np.zeros(len(timed))
     for phase, color in PHASE_COLORS.items():
         seconds = np.array([s.phase_seconds[phase] for s in timed])
-        waiting = np.minimum([(s.nvme_wait_seconds or {}).get(phase, 0.0) for s in timed], seconds)
+        waiting = np.array([s.nvme_waiting_in(phase) for s in timed])
         ax.barh(names, seconds, left=left, color=color, label=phase)
         ax.barh(names, waiting, left=left + seconds - waiting, color="none", hatch="////", linewidth=0)
         left += seconds

@@ -139,6 +139,10 @@ class StrategySummary:
             return None
         return sum(self.nvme_wait_seconds.values()) / self.mean_step_time_s
 
+    def nvme_waiting_in(self, phase: str) -> float:
+        """Of a steady step's `phase_seconds[phase]`, the part spent waiting for NVMe swaps."""
+        return min((self.nvme_wait_seconds or {}).get(phase, 0.0), (self.phase_seconds or {}).get(phase, 0.0))
+
     @property
     def bound_by(self) -> tuple[str, float] | None:
         """The phase that takes the largest share of the step, and that share."""

@@ -91,18 +91,20 @@ def new_run_dir(spec: RunSpec, out: Path | None) -> RunDir:
 TORCHRUN_LOG_LINE = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d")
 
 
+def _printed(output: str) -> list[str]:
+    """The output's lines but blank ones and the `$ command` lines the runner writes."""
+    return [line for line in output.splitlines() if line.strip() and not line.startswith("$ ")]
+
+
 def crash_reason(rc: int, output: str) -> str:
     """Why a launch failed, from its output. Where torchrun says a rank died of a signal, its last words
     before torchrun's report (an op's failed assertion; DeepSpeed's "mlock failed ..." before the assertion
     it trips), not the report's last line."""
-    lines = [line for line in output.splitlines() if line.strip() and not line.startswith("$ ")]
     died = re.search(r"exitcode\s*: -\d+ \(pid: \d+\)\s*\((SIG\w+)\)", output)
     if died is None:
+        lines = _printed(output)
         return f"exited with code {rc}: {lines[-1][:300] if lines else 'no output'}"
-    before = output[: output.find("failed (exitcode")].splitlines()
-    said = [
-        line for line in before if line.strip() and not line.startswith("$ ") and not TORCHRUN_LOG_LINE.match(line)
-    ]
+    said = [line for line in _printed(output[: output.find("failed (exitcode")]) if not TORCHRUN_LOG_LINE.match(line)]
     mlock = next((line for line in said if line.startswith("mlock failed")), None)
     if mlock:
         return (
