@@ -256,7 +256,7 @@ def tune(
         if isinstance(err, SpecError):
             _fail(str(err))
         raise
-    plan = plan_swap_buffers(spec, nvme_strategy, result.best.point.intra_op_parallelism) if nvme_strategy else None
+    plan = plan_swap_buffers(spec, nvme_strategy, result.best.point) if nvme_strategy else None
     toml_path, json_path = write_fragments(result, plan, folder.out_dir.root)
     store.set_run_spec(run_id, toml_path.read_text())
     store.upsert_tune_points(run_id, result.records())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -64,6 +65,56 @@ def test_run_rejects_a_swap_buffer_smaller_than_the_largest_parameter(tmp_path):
     # tiny: the largest parameter is the 256 x 64 embedding (and head).
     assert "buffer_size = 1,000 elements is smaller than the largest parameter (16,384 elements" in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.toml"]
+
+
+# small-cpu's parameters all on the drive (max_in_cpu = 0; under DeepSpeed's default 1e9 a model this small
+# stays in RAM and never swaps them), with a reuse window that keeps only the last few at the turn.
+SWAPPED_PARAMS = dict(
+    name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="cpu", offload_param="nvme",
+    buffer_size=2_000_000, max_in_cpu=0, stage3_max_reuse_distance=3_000_000,
+)  # fmt: skip
+WITHOUT_THE_CHECK = (
+    "import sys; import offloadlab.run.preflight as p; p.check_buffers_hold_the_turn = lambda *a: None; "
+    "from offloadlab.cli import main; sys.argv[0] = 'offloadlab'; main()"
+)
+
+
+@pytest.mark.slow
+def test_too_few_parameter_swap_buffers_are_refused_before_deepspeed_would_stop_at_the_second_pass(tmp_path):
+    """On an H200 the 1.42B GPT with 16 parameter swap buffers and DeepSpeed's 1e9 reuse window trained
+    step 1 (27 s) and stopped at step 2 with 'Not enough buffers 0 for swapping 1'. The check's count is
+    DeepSpeed's own boundary: one buffer fewer stops at the second micro-batch (the first traces the
+    model), as many trains."""
+    from offloadlab.plan.accounting import shape_of_spec
+    from offloadlab.tune.swap_buffers import params_held_at_turn, swapped_numels
+
+    def spec_with(buffers: int) -> Path:
+        folder = tmp_path / f"buffers-{buffers}"
+        folder.mkdir(exist_ok=True)
+        overrides = dict(steps=3, seq_len=64, model=dict(preset="small-cpu"), nvme_path=str(tmp_path))
+        return write_spec(folder, [SWAPPED_PARAMS | {"buffer_count": buffers}], **overrides)
+
+    spec = load_spec(spec_with(1))
+    swapped = swapped_numels(shape_of_spec(spec), spec.strategy[0], 1, spec.strategy[0].aio)
+    needed = params_held_at_turn(swapped, spec.strategy[0])
+    assert 1 < needed < len(swapped)  # the window keeps some parameters, not all
+
+    refused = cli("run", str(spec_with(needed - 1)), "--out", str(tmp_path / "refused"), check=False)
+    assert refused.returncode == 2
+    assert f"buffer_count = {needed - 1} is too few" in flat(refused.stdout)
+    assert f"Set buffer_count >= {needed}" in flat(refused.stdout)
+    assert not (tmp_path / "refused").exists()
+
+    for buffers, (status, steps) in ((needed - 1, ("does_not_fit", 0)), (needed, ("done", 3))):
+        out = tmp_path / f"run-{buffers}"
+        env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+        subprocess.run(
+            [sys.executable, "-c", WITHOUT_THE_CHECK, "run", str(spec_with(buffers)), "--out", str(out)],
+            env=env, capture_output=True, timeout=600,
+        )  # fmt: skip
+        (shown,) = json.loads(cli("compare", str(out), "--json").stdout)
+        assert (shown["status"], shown["steps_done"]) == (status, steps), shown
+        assert ("Not enough buffers 0 for swapping 1" in (shown["reason"] or "")) == (buffers < needed)
 
 
 @pytest.mark.slow

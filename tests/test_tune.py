@@ -17,7 +17,7 @@ from offloadlab.engines.deepspeed_engine import deepspeed_config
 from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT, check_io_size
 from offloadlab.spec import AioSettings, load_spec
 from offloadlab.tune.search import WORK_PREFIX, Tuner, TuneSettings, mixed_score, neighbours
-from offloadlab.tune.swap_buffers import largest_sub_group, max_params_in_window, plan_swap_buffers
+from offloadlab.tune.swap_buffers import max_params_in_window, plan_swap_buffers
 
 NVME_STRATEGY = dict(
     name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme", buffer_size=1_000_000
@@ -185,7 +185,7 @@ def test_swap_buffers_cover_the_largest_parameter_and_the_live_window(tmp_path):
             seq_len=1024,
         )
     )
-    plan = plan_swap_buffers(spec, spec.strategy[0], intra_op_parallelism=1)
+    plan = plan_swap_buffers(spec, spec.strategy[0], AioSettings())
     assert plan.buffer_size >= 50304 * 2048  # the embedding
     assert plan.stage3_max_live_parameters < spec.strategy[0].stage3_max_live_parameters
     assert plan.swapped_params == 24 * 4 + 3  # four matrices a block, two embeddings, the head
@@ -193,8 +193,6 @@ def test_swap_buffers_cover_the_largest_parameter_and_the_live_window(tmp_path):
     # One fp32 buffer per optimizer_buffer_count, each the largest sub-group (the whole 1.42B is two).
     assert plan.optimizer_buffer_count == 4 and 1e9 <= plan.optimizer_buffer_numel < 1.1e9
     assert plan.pinned_bytes == plan.param_pinned_bytes + 4 * plan.optimizer_buffer_numel * 4
-    assert largest_sub_group([3, 3, 3, 1], sub_group_size=5) == 6  # closed at 6, then 4 left
-    assert largest_sub_group([3, 3, 3, 1], sub_group_size=100) == 10
 
 
 @pytest.mark.slow

@@ -134,7 +134,7 @@ class DeepSpeedEngine(Engine):
         if "Not enough buffers" in str(exc):  # the parameter swapper ran out of its buffer_count
             first_line = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
             return Status.DOES_NOT_FIT, (
-                f"NVMe swap buffers too few ({first_line}); raise buffer_count or lower stage3_max_live_parameters"
+                f"NVMe swap buffers too few ({first_line}); raise buffer_count or lower stage3_max_reuse_distance"
             )
         return None
 

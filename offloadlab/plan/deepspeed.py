@@ -52,19 +52,25 @@ def _place_of(device: str) -> str:
     return {"none": "gpu", "cpu": "host_pinned", "nvme": "nvme"}[device]
 
 
+def _sub_group_members(partitions: list[int], size: int) -> list[list[int]]:
+    """Indices of the parameters in each ZeRO-3 sub-group (see sub_groups)."""
+    if sum(partitions) <= size:
+        return [list(range(len(partitions)))]
+    groups, current, numel = [], [], 0
+    for i, n in enumerate(partitions):
+        current.append(i)
+        numel += n
+        if numel >= size:
+            groups, current, numel = groups + [current], [], 0
+    return groups + ([current] if current else [])
+
+
 def sub_groups(shape: Shape, world: int, size: int = 1_000_000_000) -> list[int]:
     """A rank's ZeRO-3 sub-groups in elements, as DeepSpeed forms them (stage3._create_fp16_sub_groups):
     parameter partitions, in the model's order, collected until a group reaches `size` (the strategy's
     sub_group_size; DeepSpeed's default 1e9)."""
     partitions = [math.ceil(numel / world) for numel in shape.param_numels]
-    if sum(partitions) <= size:
-        return [sum(partitions)]
-    groups, current = [], 0
-    for numel in partitions:
-        current += numel
-        if current >= size:
-            groups, current = groups + [current], 0
-    return groups + ([current] if current else [])
+    return [sum(partitions[i] for i in members) for members in _sub_group_members(partitions, size)]
 
 
 def host_optimizer_share(p: Placement, shape: Shape, world: int) -> float:
@@ -110,25 +116,30 @@ def gathers_copies(p: Placement, world: int) -> bool:
 
 
 def params_on_nvme(p: Placement, shape: Shape, world: int) -> float:
-    """Parameter elements DeepSpeed really keeps on NVMe, all ranks.
+    """Parameter elements DeepSpeed really keeps on NVMe, all ranks."""
+    return world * sum(math.ceil(shape.param_numels[i] / world) for i in params_swapped(p, shape, world))
+
+
+def params_swapped(p: Placement, shape: Shape, world: int) -> list[int]:
+    """Indices (in shape.param_numels) of the parameters DeepSpeed keeps on NVMe.
 
     DeepSpeed pins a max_in_cpu buffer but gives a sub-group a place in it only if the whole sub-group fits
     in what is left (stage3._create_fp16_partitions_with_defragmentation). Sub-groups are filled to at least
     sub_group_size, so with the defaults (both 1e9) a rank with more than 1e9 elements keeps none of them in
     RAM: a 1.42B GPT puts all its parameters on NVMe (measured on an H200: 25.50 GB written per step,
-    0.004% from this).
+    0.004% from this), and a model under 1e9 elements none.
     """
     if p.strategy.offload_param != "nvme":
-        return 0.0
-    room = max(
-        1, min(math.ceil(shape.n_params / world), p.strategy.max_in_cpu)
-    )  # DeepSpeed's empty buffer has 1 element
-    used, on_disk = 0, 0
-    for group in sub_groups(shape, world, p.strategy.sub_group_size):
+        return []
+    partitions = [math.ceil(numel / world) for numel in shape.param_numels]
+    room = max(1, min(sum(partitions), p.strategy.max_in_cpu))  # DeepSpeed's empty buffer has 1 element
+    used, on_disk = 0, []
+    for members in _sub_group_members(partitions, p.strategy.sub_group_size):
+        group = sum(partitions[i] for i in members)
         if used + group > room:
-            on_disk += group
+            on_disk += members
         used += group
-    return on_disk * world
+    return on_disk
 
 
 def model_states(p: Placement, shape: Shape, world: int) -> Memory:

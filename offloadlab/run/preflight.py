@@ -1,5 +1,6 @@
 """What `offloadlab run` checks of a spec before it starts a process: the NVMe folder, swap buffers against
-the largest parameter and the page-locking limit, and disk for every strategy's swap and checkpoint."""
+the largest parameter, the parameters DeepSpeed holds at once and the page-locking limit, and disk for every
+strategy's swap and checkpoint."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from offloadlab.engines import engine_class
 from offloadlab.plan.accounting import Placement, Shape, shape_of_spec, swap_buffers_of
 from offloadlab.plan.deepspeed import swap_buffers
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
+from offloadlab.tune.swap_buffers import params_held_at_turn, swapped_numels
 
 
 def check_buffer_fits_largest_param(strategy: DeepSpeedStrategy, largest_param_numel: int) -> None:
@@ -25,6 +27,23 @@ def check_buffer_fits_largest_param(strategy: DeepSpeedStrategy, largest_param_n
             f"strategy {strategy.name}: buffer_size = {strategy.buffer_size:,} elements is smaller than the largest "
             f"parameter ({largest_param_numel:,} elements, usually the embedding): "
             f"set buffer_size >= {largest_param_numel}"
+        )
+
+
+def check_buffers_hold_the_turn(spec: RunSpec, strategy: DeepSpeedStrategy, shape: Shape) -> None:
+    """Too few parameter swap buffers pass the first forward and backward (DeepSpeed traces it, one module
+    at a time) and stop the second, after minutes at scale: refused here instead."""
+    if not strategy.swaps_parameters:
+        return
+    needed = params_held_at_turn(swapped_numels(shape, strategy, spec.nproc, strategy.aio), strategy)
+    if strategy.buffer_count < needed:
+        raise PreflightError(
+            f"strategy {strategy.name}: buffer_count = {strategy.buffer_count} is too few: where forward turns "
+            f"into backward DeepSpeed holds every swapped parameter used again within stage3_max_reuse_distance "
+            f"({strategy.stage3_max_reuse_distance:,} elements), {needed} buffers here, and would stop after the "
+            f"first micro-batch with 'Not enough buffers'. Set buffer_count >= {needed}, or lower "
+            "stage3_max_reuse_distance "
+            "(`offloadlab tune --nvme DIR --spec SPEC` sizes both)"
         )
 
 
@@ -109,6 +128,7 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> Shape:
         check_libaio()
     for strategy in nvme:
         check_buffer_fits_largest_param(strategy, shape.largest_param_numel)
+        check_buffers_hold_the_turn(spec, strategy, shape)
         check_swap_buffers_lockable(spec, strategy, shape)
     check_disk_for_run(spec, run_dir, shape.n_params)
     return shape

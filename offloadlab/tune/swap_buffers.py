@@ -2,20 +2,21 @@
 RAM DeepSpeed will hold for them and for the optimizer's swap buffers (offload_optimizer = "nvme").
 
 DeepSpeed gives each swapped-in parameter a whole buffer of `buffer_size` elements, so buffer_size must hold
-the largest parameter, and buffer_count must cover every parameter that can be live at once: those within
-stage3_max_live_parameters elements of the one in use, plus the prefetch bucket. Too few buffers stop a run
-with `Not enough buffers 0 for swapping 1`; each buffer costs buffer_size x element size of pinned RAM.
+the largest parameter, and buffer_count must cover the parameters held at once: once step 1 has traced
+the model, those used again within stage3_max_reuse_distance elements are kept (params_held_at_turn, the
+least that runs, which `run` checks), and prefetching reaches stage3_max_live_parameters plus the prefetch
+bucket ahead (what the tuner sizes, so prefetches do not wait). Too few buffers stop the run at its second
+step with `Not enough buffers 0 for swapping 1`; each buffer costs buffer_size x element size of pinned RAM.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from offloadlab.checks.host import DIRECT_IO_ALIGNMENT as ALIGNMENT
-from offloadlab.spec import DeepSpeedStrategy, RunSpec
-from offloadlab.workload.model import build_model
+from offloadlab.plan.accounting import Placement, Shape, shape_of_spec
+from offloadlab.plan.deepspeed import params_swapped, sub_groups
+from offloadlab.spec import AioSettings, DeepSpeedStrategy, RunSpec
 
 MIN_SWAPPED_BYTES = 1 << 20  # DeepSpeed keeps smaller parameters in RAM (MIN_AIO_BYTES)
 SAFETY_BUFFERS = 2  # the embedding and head are fetched outside the block order
@@ -70,43 +71,57 @@ def max_params_in_window(numels: list[int], capacity: int) -> int:
     return max(best, 1)
 
 
-def largest_sub_group(numels: list[int], sub_group_size: int) -> int:
-    """DeepSpeed's ZeRO-3 sub-groups (stage3._create_fp16_sub_groups): parameters in order, a group closed
-    once it reaches sub_group_size elements, so one can exceed it by its last parameter."""
-    largest = current = 0
-    for n in numels:
-        current += n
-        if current >= sub_group_size:
-            largest, current = max(largest, current), 0
-    return max(largest, current)
+def swapped_numels(shape: Shape, strategy: DeepSpeedStrategy, nproc: int, aio: AioSettings) -> list[int]:
+    """Elements of each parameter DeepSpeed swaps through the buffers every step, in the model's order: those
+    the max_in_cpu buffer has no room for (plan.deepspeed.params_swapped) whose rank's partition reaches the
+    smallest aio transfer, max(1 MiB, the aio block size) (partitioned_param_swapper.swappable_tensor)."""
+    min_bytes = max(MIN_SWAPPED_BYTES, aio.block_size)
+    on_disk = [shape.param_numels[i] for i in params_swapped(Placement(strategy), shape, nproc)]
+    return [n for n in on_disk if -(-n // nproc) * shape.param_bytes >= min_bytes]
+
+
+def params_held_at_turn(swapped: list[int], strategy: DeepSpeedStrategy) -> int:
+    """The fewest swap buffers a traced step needs: where forward turns into backward DeepSpeed still holds
+    every parameter used again within stage3_max_reuse_distance elements, i.e. those within half of it of
+    forward's end, and fetches the next one. (stage3_max_live_parameters and the prefetch bucket only limit
+    prefetching, which waits for free buffers.) Measured on this machine's CPU with max_in_cpu = 0, 10 swapped
+    parameters: a window over the whole model needs all 10 (9 stop), 3e5 elements run with one buffer;
+    on an H200, the 1.42B GPT with DeepSpeed's 1e9 window stopped with 16 buffers (this asks 40)."""
+    tail, held = 0, 0
+    for numel in reversed(swapped):
+        tail += numel
+        if tail > strategy.stage3_max_reuse_distance // 2:
+            break
+        held += 1
+    return min(held + 1, len(swapped)) if swapped else 1
 
 
 def _aligned(numel: int, alignment: int) -> int:
     return -(-numel // alignment) * alignment
 
 
-def plan_swap_buffers(spec: RunSpec, strategy: DeepSpeedStrategy, intra_op_parallelism: int) -> SwapBufferPlan:
-    with torch.device("meta"):
-        model = build_model(spec.model, spec.seq_len, spec.seed)
-    element_size = 2 if spec.precision == "bf16" else 4
-    numels = [p.numel() for p in model.parameters() if p.numel() * element_size >= MIN_SWAPPED_BYTES]
-    largest = max(p.numel() for p in model.parameters())
-    # Whole elements per thread-aligned chunk, as DeepSpeed rounds each buffer.
-    buffer_size = _aligned(largest, ALIGNMENT * intra_op_parallelism // element_size)
-    swaps_optimizer = strategy.offload_optimizer == "nvme"
-    sub_group = largest_sub_group([p.numel() for p in model.parameters()], strategy.sub_group_size)
-    block_numel = max(sum(p.numel() for p in block.parameters()) for block in model.blocks)
+def plan_swap_buffers(spec: RunSpec, strategy: DeepSpeedStrategy, aio: AioSettings) -> SwapBufferPlan:
+    """Buffers for the spec's model at the aio settings the run will use (the tune's fastest)."""
+    shape = shape_of_spec(spec)
     # Four blocks live keeps the prefetch ahead of compute without pinning the whole model.
-    max_live = min(strategy.stage3_max_live_parameters, 4 * block_numel)
-    window = max_params_in_window(numels, max_live + strategy.stage3_prefetch_bucket_size) if numels else 1
+    max_live = min(strategy.stage3_max_live_parameters, 4 * shape.block_params)
+    windowed = strategy.model_copy(
+        update={"stage3_max_live_parameters": max_live, "stage3_max_reuse_distance": max_live}
+    )
+    swapped = swapped_numels(shape, windowed, spec.nproc, aio)
+    # Whole elements per thread-aligned chunk, as DeepSpeed rounds each buffer.
+    buffer_size = _aligned(shape.largest_param_numel, ALIGNMENT * aio.intra_op_parallelism // shape.param_bytes)
+    sub_group = max(sub_groups(shape, spec.nproc, strategy.sub_group_size))
     return SwapBufferPlan(
         buffer_size=buffer_size,
-        buffer_count=min(window + SAFETY_BUFFERS, max(len(numels), 1) + SAFETY_BUFFERS),
+        buffer_count=max_params_in_window(swapped, max_live + strategy.stage3_prefetch_bucket_size) + SAFETY_BUFFERS
+        if swapped
+        else 1 + SAFETY_BUFFERS,
         stage3_max_live_parameters=max_live,
         stage3_max_reuse_distance=max_live,
-        largest_param_numel=largest,
-        swapped_params=len(numels),
-        element_size=element_size,
-        optimizer_buffer_count=strategy.optimizer_buffer_count if swaps_optimizer else 0,
-        optimizer_buffer_numel=_aligned(sub_group, AIO_ALIGNED_BYTES * intra_op_parallelism // FP32_BYTES),
+        largest_param_numel=shape.largest_param_numel,
+        swapped_params=len(swapped),
+        element_size=shape.param_bytes,
+        optimizer_buffer_count=strategy.optimizer_buffer_count if strategy.offload_optimizer == "nvme" else 0,
+        optimizer_buffer_numel=_aligned(sub_group, AIO_ALIGNED_BYTES * aio.intra_op_parallelism // FP32_BYTES),
     )
