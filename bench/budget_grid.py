@@ -34,7 +34,8 @@ import tomli_w
 from rich.console import Console
 from rich.table import Table
 
-from offloadlab.plan.accounting import GiB, Links, Machine, Placement, buffers_for, shape_of_spec
+from offloadlab.plan.accounting import GiB, Links, Machine, Placement, shape_of_spec
+from offloadlab.plan.deepspeed import buffers_for
 from offloadlab.plan.output import run_spec_for
 from offloadlab.plan.predict import Prediction, plan, predict
 from offloadlab.results.rundir import RunDir
@@ -95,7 +96,7 @@ def grid_cells(spec: RunSpec, machine: Machine, links: Links, around: int, count
 
 
 def cell_spec(spec: RunSpec, cell: Cell, steps: int) -> dict:
-    raw = run_spec_for(spec, cell.planned, None)
+    raw = run_spec_for(spec, cell.planned, None, buffers_for(shape_of_spec(with_layers(spec, cell.n_layers))))
     raw["model"]["n_layers"] = cell.n_layers
     raw.update(steps=steps, verify_checkpoint=False, name=f"grid-{cell.n_layers}-{cell.planned.placement.name}")
     return raw

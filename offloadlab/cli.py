@@ -439,7 +439,7 @@ def _write_pick(predictions, chosen: str | None, inputs, write_dir: Path, show_b
             _fail("nothing fits: nothing to write")
     if show_breakdown:
         console.print(breakdown_table(pick))
-    for path in write_plan(pick, inputs.spec, write_dir, inputs.tuned_fragment):
+    for path in write_plan(pick, inputs.spec, write_dir, inputs.tuned_fragment, inputs.buffers):
         console.print(f"wrote {path}")
 
 

@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import tomli_w
 import yaml
 from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
@@ -20,7 +21,8 @@ from rich.console import Console
 
 from conftest import cli, flat, load_bench, write_spec
 from offloadlab.plan import deepspeed, fsdp2
-from offloadlab.plan.accounting import GiB, Links, Machine, Placement, Shape, buffers_for, shape_of_spec
+from offloadlab.plan.accounting import GiB, Links, Machine, Placement, Shape, shape_of_spec
+from offloadlab.plan.deepspeed import buffers_for
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
 from offloadlab.plan.output import plan_table
 from offloadlab.plan.predict import candidate_placements, engine_model, plan, predict, predict_step, why_winner
@@ -348,6 +350,35 @@ def test_a_partial_offload_moves_whole_sub_groups_and_the_gpu_updates_its_share_
     assert "device_adam" not in full.parts and full.parts["cpu_adam"] > bound.parts["cpu_adam"]
 
 
+def test_a_written_placement_swapping_parameters_has_the_buffers_deepspeed_needs(tmp_path):
+    """DeepSpeed's default 5 buffers of 1e8 elements stop a 1.42B GPT: its embedding (103M elements) fits
+    none, and at the default 1e9 reuse window the forward/backward turn holds 33 parameters (an H200 run
+    with 16 stopped at step 2, bench/results/2026-12-05-h200-s19). `plan --write` wrote neither, so `run`
+    refused the spec it wrote; it now writes the buffers the plan counted, and `run`'s checks pass them."""
+    from offloadlab.checks.host import PreflightError
+    from offloadlab.plan.output import run_spec_for
+    from offloadlab.run.preflight import check_buffer_fits_largest_param, check_buffers_hold_the_turn
+
+    model = dict(preset="gpt-1.4b")
+    batch = dict(seq_len=1024, micro_batch=4, grad_accum=1, precision="bf16")
+    spec = load_spec(write_spec(tmp_path, [dict(name="any", engine="fsdp2")], model=model, **batch))
+    shape, machine = shape_of_spec(spec), Machine(1, 80 * GiB, 512 * GiB, 1e13)
+    buffers = buffers_for(shape)
+    placement = next(p for p in candidate_placements() if p.name == "zero3-opt-nvme-param-nvme")
+    raw = run_spec_for(spec, predict(placement, shape, machine, LINKS, buffers), None, buffers)
+    (tmp_path / "written.toml").write_text(tomli_w.dumps(raw | {"nvme_path": str(tmp_path)}))
+    written = load_spec(tmp_path / "written.toml")
+    (strategy,) = written.strategy
+    assert (strategy.buffer_count, strategy.buffer_size) == (33, shape.largest_param_numel)
+    check_buffer_fits_largest_param(strategy, shape.largest_param_numel)
+    check_buffers_hold_the_turn(written, strategy, shape)
+    with pytest.raises(PreflightError, match="buffer_count = 32 is too few"):
+        check_buffers_hold_the_turn(written, strategy.model_copy(update={"buffer_count": 32}), shape)
+    # The plan's pinned RAM holds the same buffers.
+    swap = deepspeed.swap_buffers(placement, shape, 1, buffers)["parameter swap buffers"]
+    assert swap == [shape.largest_param_numel * 2] * 33
+
+
 @pytest.mark.slow
 def test_plan_writes_a_spec_offloadlab_runs_and_configs_deepspeed_and_accelerate_read(tmp_path):
     spec = write_spec(tmp_path, [dict(name="any", engine="fsdp2")], nvme_path=str(tmp_path))
@@ -489,7 +520,6 @@ def test_plan_write_refuses_a_placement_it_did_not_plan_and_a_plan_where_nothing
 
 @pytest.mark.slow
 def test_plan_largest_finds_the_biggest_gpt_that_fits_and_one_more_layer_does_not(tmp_path):
-    from offloadlab.plan.accounting import buffers_for
     from offloadlab.workload.model import GPTConfig
 
     proc = cli(
@@ -573,7 +603,7 @@ H200_HOST_RSS = {
 def test_host_rss_holds_for_the_cuda_runtime_and_zero3s_pinned_gradient_buffer(store):
     """The CUDA runtime's resident bytes and ZeRO-3's 16-bit gradient buffer on the CPU were missing: the
     prediction ran 1.15x low for FSDP2 without offload and 1.60x low for the 8.07B partial offload."""
-    from offloadlab.plan.accounting import swap_buffers_of
+    from offloadlab.plan.deepspeed import swap_buffers_of
     from offloadlab.plan.predict import predict_memory
     from offloadlab.results.store import RunStore
     from offloadlab.results.summary import summarize

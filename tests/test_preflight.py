@@ -86,7 +86,7 @@ def test_too_few_parameter_swap_buffers_are_refused_before_deepspeed_would_stop_
     DeepSpeed's own boundary: one buffer fewer stops at the second micro-batch (the first traces the
     model), as many trains."""
     from offloadlab.plan.accounting import shape_of_spec
-    from offloadlab.tune.swap_buffers import params_held_at_turn, swapped_numels
+    from offloadlab.plan.deepspeed import params_held_at_turn, swapped_numels
 
     def spec_with(buffers: int) -> Path:
         folder = tmp_path / f"buffers-{buffers}"

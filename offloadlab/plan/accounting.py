@@ -347,16 +347,3 @@ class StepPrediction:
 def pinned_if_asked(strategy) -> str:
     """Where a host buffer an engine pins only with the strategy's `pin_memory` goes."""
     return "host_pinned" if strategy.pin_memory else "host_pageable"
-
-
-def buffers_for(shape: Shape) -> SwapBuffers:
-    """DeepSpeed's default parameter buffers, each widened to hold the largest parameter."""
-    return SwapBuffers(param_buffer_size=max(SwapBuffers().param_buffer_size, shape.largest_param_numel))
-
-
-def swap_buffers_of(strategy, shape: Shape) -> SwapBuffers:
-    """The parameter swap buffers a strategy asks for when it swaps parameters to NVMe, else DeepSpeed's
-    defaults widened to the largest parameter."""
-    if strategy is not None and strategy.swaps_parameters:
-        return SwapBuffers(strategy.buffer_count, strategy.buffer_size, strategy.optimizer_buffer_count)
-    return buffers_for(shape)

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from offloadlab.plan.accounting import Links, Memory, Placement, Shape, SwapBuffers, loss_bytes, pinned_if_asked
-from offloadlab.spec import ZenFlowSettings
+from offloadlab.spec import AioSettings, DeepSpeedStrategy, ZenFlowSettings
 
 # DeepSpeed's default reduce_bucket_size (offloadlab leaves it alone), in elements of the model's dtype.
 DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
@@ -46,6 +46,10 @@ class ModelStateBytes:
     @classmethod
     def deepspeed(cls, param_bytes: int) -> "ModelStateBytes":
         return cls(param=param_bytes, grad=param_bytes)
+
+
+MIN_SWAPPED_BYTES = 1 << 20  # DeepSpeed keeps smaller parameters in RAM (MIN_AIO_BYTES)
+SAFETY_BUFFERS = 2  # the embedding and head are fetched outside the block order
 
 
 def _place_of(device: str) -> str:
@@ -140,6 +144,51 @@ def params_swapped(p: Placement, shape: Shape, world: int) -> list[int]:
             on_disk += members
         used += group
     return on_disk
+
+
+def swapped_numels(shape: Shape, strategy: DeepSpeedStrategy, nproc: int, aio: AioSettings) -> list[int]:
+    """Elements of each parameter DeepSpeed swaps through the buffers every step, in the model's order: those
+    the max_in_cpu buffer has no room for (plan.deepspeed.params_swapped) whose rank's partition reaches the
+    smallest aio transfer, max(1 MiB, the aio block size) (partitioned_param_swapper.swappable_tensor)."""
+    min_bytes = max(MIN_SWAPPED_BYTES, aio.block_size)
+    on_disk = [shape.param_numels[i] for i in params_swapped(Placement(strategy), shape, nproc)]
+    return [n for n in on_disk if -(-n // nproc) * shape.param_bytes >= min_bytes]
+
+
+def params_held_at_turn(swapped: list[int], strategy: DeepSpeedStrategy) -> int:
+    """The fewest swap buffers a traced step needs: where forward turns into backward DeepSpeed still holds
+    every parameter used again within stage3_max_reuse_distance elements, i.e. those within half of it of
+    forward's end, and fetches the next one. (stage3_max_live_parameters and the prefetch bucket only limit
+    prefetching, which waits for free buffers.) Measured on this machine's CPU with max_in_cpu = 0, 10 swapped
+    parameters: a window over the whole model needs all 10 (9 stop), 3e5 elements run with one buffer;
+    on an H200, the 1.42B GPT with DeepSpeed's 1e9 window stopped with 16 buffers (this asks 40)."""
+    tail, held = 0, 0
+    for numel in reversed(swapped):
+        tail += numel
+        if tail > strategy.stage3_max_reuse_distance // 2:
+            break
+        held += 1
+    return min(held + 1, len(swapped)) if swapped else 1
+
+
+def buffers_for(shape: Shape) -> SwapBuffers:
+    """The parameter buffers a placement swapping its parameters needs at DeepSpeed's default windows: each
+    widened to the largest parameter, and as many as it holds at the forward/backward turn (at least
+    DeepSpeed's default 5); what `plan --write` writes for such a placement."""
+    default = DeepSpeedStrategy(name="default", engine="deepspeed", offload_optimizer="nvme", offload_param="nvme")
+    held = params_held_at_turn(swapped_numels(shape, default, 1, AioSettings()), default)
+    return SwapBuffers(
+        param_buffer_count=max(SwapBuffers().param_buffer_count, held),
+        param_buffer_size=max(SwapBuffers().param_buffer_size, shape.largest_param_numel),
+    )
+
+
+def swap_buffers_of(strategy, shape: Shape) -> SwapBuffers:
+    """The parameter swap buffers a strategy asks for when it swaps parameters to NVMe, else the ones
+    buffers_for sizes."""
+    if strategy is not None and strategy.swaps_parameters:
+        return SwapBuffers(strategy.buffer_count, strategy.buffer_size, strategy.optimizer_buffer_count)
+    return buffers_for(shape)
 
 
 def model_states(p: Placement, shape: Shape, world: int) -> Memory:

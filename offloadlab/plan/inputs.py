@@ -20,12 +20,11 @@ from offloadlab.plan.accounting import (
     Placement,
     Shape,
     SwapBuffers,
-    buffers_for,
     candidate_placements,
     compute_stand_in,
     shape_of_spec,
-    swap_buffers_of,
 )
+from offloadlab.plan.deepspeed import buffers_for, swap_buffers_of
 from offloadlab.plan.links import BLOCK_MEASURED, measure_links
 from offloadlab.results.store import DB_NAME
 from offloadlab.spec import ModelSpec, RunSpec, SpecError, load_spec, parse_spec

@@ -4,13 +4,14 @@ chosen placement as a run spec, a DeepSpeed JSON and an Accelerate config for us
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import asdict
 from pathlib import Path
 
 import tomli_w
 from rich.table import Table
 
-from offloadlab.plan.accounting import GiB, Links, Machine, Shape
+from offloadlab.plan.accounting import GiB, Links, Machine, Shape, SwapBuffers
 from offloadlab.plan.inputs import PlanInputs
 from offloadlab.plan.predict import Prediction, usable, usable_text
 from offloadlab.results.summary import Planned
@@ -150,12 +151,17 @@ def breakdown_table(x: Prediction) -> Table:
     return table
 
 
-def run_spec_for(base: RunSpec, x: Prediction, tuned: Path | None) -> dict:
-    """The base spec's fields with the chosen placement as its only strategy."""
+def run_spec_for(base: RunSpec, x: Prediction, tuned: Path | None, buffers: SwapBuffers) -> dict:
+    """The base spec's fields with the chosen placement as its only strategy. A placement swapping its
+    parameters gets the buffers it was planned with, unless a tune sized them (DeepSpeed's default 5 of
+    1e8 elements stop a 1.42B GPT: its embedding is larger, and the turn holds 33)."""
     raw = json.loads(base.model_dump_json(exclude_none=True))
     strategy = x.placement.strategy.model_dump(mode="json", exclude_defaults=True)
     if tuned is not None and x.placement.strategy.uses_nvme:
         strategy["tuned"] = str(tuned.resolve())
+    sized_by_tune = tuned is not None and "swap_buffers" in tomllib.loads(tuned.read_text())
+    if x.placement.strategy.swaps_parameters and not sized_by_tune:
+        strategy |= {"buffer_count": buffers.param_buffer_count, "buffer_size": buffers.param_buffer_size}
     raw["strategy"] = [strategy]
     raw["model"]["activation_checkpointing"] = x.placement.activation_checkpointing
     raw["name"] = f"{base.name}-{x.placement.name}"
@@ -203,11 +209,11 @@ def accelerate_deepspeed_config(config: dict) -> dict:
     return out
 
 
-def write_plan(x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None) -> list[Path]:
+def write_plan(x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None, buffers: SwapBuffers) -> list[Path]:
     from offloadlab.engines.deepspeed_engine import deepspeed_config
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    raw = run_spec_for(base, x, tuned)
+    raw = run_spec_for(base, x, tuned, buffers)
     spec_path = out_dir / f"{x.placement.name}.toml"
     spec_path.write_text(f"# Written by offloadlab plan: {x.placement.name} ({x.binding})\n" + tomli_w.dumps(raw))
     spec = load_spec(spec_path)  # the written spec is one `offloadlab run` accepts, tuned include and all

@@ -25,7 +25,6 @@ from offloadlab.plan.accounting import (
     StepPrediction,
     SwapBuffers,
     activation_bytes,
-    buffers_for,
     candidate_placements,
     pinned_rounding_bytes,
 )
@@ -256,7 +255,7 @@ def largest_model(
 
     def fits(cfg: GPTConfig) -> bool:
         shape = shape_of(cfg)
-        return any(x.fits for x in plan(shape, machine, links, buffers_for(shape)))
+        return any(x.fits for x in plan(shape, machine, links, deepspeed.buffers_for(shape)))
 
     ordered = sorted(presets.items(), key=lambda kv: kv[1].n_params)
     fitting = [(name, cfg) for name, cfg in ordered if fits(cfg)]
@@ -275,7 +274,7 @@ def largest_model(
 def one_more_layer(cfg: GPTConfig, shape_of, machine: Machine, links: Links | None) -> tuple[Shape, list[Prediction]]:
     """The plan for cfg with one more layer: past `plan --largest`'s pick, where each placement stops fitting."""
     shape = shape_of(replace(cfg, n_layers=cfg.n_layers + 1))
-    return shape, plan(shape, machine, links, buffers_for(shape))
+    return shape, plan(shape, machine, links, deepspeed.buffers_for(shape))
 
 
 def _most_layers(cfg: GPTConfig, fits) -> int:

@@ -15,10 +15,9 @@ from offloadlab.checks.host import (
     check_memlock,
 )
 from offloadlab.engines import engine_class
-from offloadlab.plan.accounting import Placement, Shape, shape_of_spec, swap_buffers_of
-from offloadlab.plan.deepspeed import swap_buffers
+from offloadlab.plan.accounting import Placement, Shape, shape_of_spec
+from offloadlab.plan.deepspeed import params_held_at_turn, swap_buffers, swap_buffers_of, swapped_numels
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
-from offloadlab.tune.swap_buffers import params_held_at_turn, swapped_numels
 
 
 def check_buffer_fits_largest_param(strategy: DeepSpeedStrategy, largest_param_numel: int) -> None:

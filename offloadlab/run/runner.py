@@ -387,7 +387,8 @@ def held_to_budget(spec: RunSpec, machine: Machine, console: Console) -> Machine
 def check_fits(spec: RunSpec, shape: Shape, console: Console, force: bool) -> None:
     """Ask the planner before any process starts: refuse a spec none of whose strategies fits this machine,
     and say which ones are predicted not to fit."""
-    from offloadlab.plan.accounting import Placement, swap_buffers_of
+    from offloadlab.plan.accounting import Placement
+    from offloadlab.plan.deepspeed import swap_buffers_of
     from offloadlab.plan.inputs import detect_machine
     from offloadlab.plan.predict import predict
 

@@ -14,12 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from offloadlab.checks.host import DIRECT_IO_ALIGNMENT as ALIGNMENT
-from offloadlab.plan.accounting import Placement, Shape, shape_of_spec
-from offloadlab.plan.deepspeed import params_swapped, sub_groups
+from offloadlab.plan.accounting import shape_of_spec
+from offloadlab.plan.deepspeed import SAFETY_BUFFERS, sub_groups, swapped_numels
 from offloadlab.spec import AioSettings, DeepSpeedStrategy, RunSpec
 
-MIN_SWAPPED_BYTES = 1 << 20  # DeepSpeed keeps smaller parameters in RAM (MIN_AIO_BYTES)
-SAFETY_BUFFERS = 2  # the embedding and head are fetched outside the block order
 AIO_ALIGNED_BYTES = 1024  # DeepSpeed rounds each swap buffer to this times intra_op_parallelism
 FP32_BYTES = 4  # the optimizer swaps fp32 masters and moments
 
@@ -69,31 +67,6 @@ def max_params_in_window(numels: list[int], capacity: int) -> int:
             left += 1
         best = max(best, right - left + 1)
     return max(best, 1)
-
-
-def swapped_numels(shape: Shape, strategy: DeepSpeedStrategy, nproc: int, aio: AioSettings) -> list[int]:
-    """Elements of each parameter DeepSpeed swaps through the buffers every step, in the model's order: those
-    the max_in_cpu buffer has no room for (plan.deepspeed.params_swapped) whose rank's partition reaches the
-    smallest aio transfer, max(1 MiB, the aio block size) (partitioned_param_swapper.swappable_tensor)."""
-    min_bytes = max(MIN_SWAPPED_BYTES, aio.block_size)
-    on_disk = [shape.param_numels[i] for i in params_swapped(Placement(strategy), shape, nproc)]
-    return [n for n in on_disk if -(-n // nproc) * shape.param_bytes >= min_bytes]
-
-
-def params_held_at_turn(swapped: list[int], strategy: DeepSpeedStrategy) -> int:
-    """The fewest swap buffers a traced step needs: where forward turns into backward DeepSpeed still holds
-    every parameter used again within stage3_max_reuse_distance elements, i.e. those within half of it of
-    forward's end, and fetches the next one. (stage3_max_live_parameters and the prefetch bucket only limit
-    prefetching, which waits for free buffers.) Measured on this machine's CPU with max_in_cpu = 0, 10 swapped
-    parameters: a window over the whole model needs all 10 (9 stop), 3e5 elements run with one buffer;
-    on an H200, the 1.42B GPT with DeepSpeed's 1e9 window stopped with 16 buffers (this asks 40)."""
-    tail, held = 0, 0
-    for numel in reversed(swapped):
-        tail += numel
-        if tail > strategy.stage3_max_reuse_distance // 2:
-            break
-        held += 1
-    return min(held + 1, len(swapped)) if swapped else 1
 
 
 def _aligned(numel: int, alignment: int) -> int:
