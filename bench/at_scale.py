@@ -115,7 +115,7 @@ def floors_table(run_dir: Path, tune: dict) -> Table:
         step_s = tokens_per_step / s.tokens_per_s
         strategy = spec.get_strategy(s.name)
         planned = (
-            plan_swap_buffers(spec, strategy, strategy.aio.intra_op_parallelism).pinned_bytes
+            plan_swap_buffers(spec, strategy, strategy.aio).pinned_bytes
             if getattr(strategy, "swaps_parameters", False)
             else 0
         )
