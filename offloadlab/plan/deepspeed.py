@@ -49,7 +49,6 @@ class ModelStateBytes:
 
 
 MIN_SWAPPED_BYTES = 1 << 20  # DeepSpeed keeps smaller parameters in RAM (MIN_AIO_BYTES)
-SAFETY_BUFFERS = 2  # the embedding and head are fetched outside the block order
 
 
 def _place_of(device: str) -> str:
@@ -161,7 +160,7 @@ def params_held_at_turn(swapped: list[int], strategy: DeepSpeedStrategy) -> int:
     forward's end, and fetches the next one. (stage3_max_live_parameters and the prefetch bucket only limit
     prefetching, which waits for free buffers.) Measured on this machine's CPU with max_in_cpu = 0, 10 swapped
     parameters: a window over the whole model needs all 10 (9 stop), 3e5 elements run with one buffer;
-    on an H200, the 1.42B GPT with DeepSpeed's 1e9 window stopped with 16 buffers (this asks 40)."""
+    on an H200, the 1.42B GPT with DeepSpeed's 1e9 window stopped with 16 buffers (this asks 33)."""
     tail, held = 0, 0
     for numel in reversed(swapped):
         tail += numel

@@ -41,8 +41,7 @@ def check_buffers_hold_the_turn(spec: RunSpec, strategy: DeepSpeedStrategy, shap
             f"into backward DeepSpeed holds every swapped parameter used again within stage3_max_reuse_distance "
             f"({strategy.stage3_max_reuse_distance:,} elements), {needed} buffers here, and would stop after the "
             f"first micro-batch with 'Not enough buffers'. Set buffer_count >= {needed}, or lower "
-            "stage3_max_reuse_distance "
-            "(`offloadlab tune --nvme DIR --spec SPEC` sizes both)"
+            "stage3_max_reuse_distance (`offloadlab tune --nvme DIR --spec SPEC` sizes both)"
         )
 
 

@@ -2,11 +2,12 @@
 RAM DeepSpeed will hold for them and for the optimizer's swap buffers (offload_optimizer = "nvme").
 
 DeepSpeed gives each swapped-in parameter a whole buffer of `buffer_size` elements, so buffer_size must hold
-the largest parameter, and buffer_count must cover the parameters held at once: once step 1 has traced
-the model, those used again within stage3_max_reuse_distance elements are kept (params_held_at_turn, the
-least that runs, which `run` checks), and prefetching reaches stage3_max_live_parameters plus the prefetch
-bucket ahead (what the tuner sizes, so prefetches do not wait). Too few buffers stop the run at its second
-step with `Not enough buffers 0 for swapping 1`; each buffer costs buffer_size x element size of pinned RAM.
+the largest parameter, and buffer_count must cover the parameters held at once: once the first micro-batch
+has traced the model, those used again within stage3_max_reuse_distance elements are kept
+(plan.deepspeed.params_held_at_turn, the least that runs, which `run` checks), and prefetching reaches
+stage3_max_live_parameters plus the prefetch bucket ahead (what the tuner sizes, so prefetches do not wait).
+Too few buffers stop the run at the second micro-batch with `Not enough buffers 0 for swapping 1`; each
+buffer costs buffer_size x element size of pinned RAM.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from dataclasses import dataclass
 
 from offloadlab.checks.host import DIRECT_IO_ALIGNMENT as ALIGNMENT
 from offloadlab.plan.accounting import shape_of_spec
-from offloadlab.plan.deepspeed import SAFETY_BUFFERS, sub_groups, swapped_numels
+from offloadlab.plan.deepspeed import sub_groups, swapped_numels
 from offloadlab.spec import AioSettings, DeepSpeedStrategy, RunSpec
+
+SAFETY_BUFFERS = 2  # the embedding and head are fetched outside the block order
 
 AIO_ALIGNED_BYTES = 1024  # DeepSpeed rounds each swap buffer to this times intra_op_parallelism
 FP32_BYTES = 4  # the optimizer swaps fp32 masters and moments
