@@ -374,6 +374,13 @@ def test_a_written_placement_swapping_parameters_has_the_buffers_deepspeed_needs
     check_buffers_hold_the_turn(written, strategy, shape)
     with pytest.raises(PreflightError, match="buffer_count = 32 is too few"):
         check_buffers_hold_the_turn(written, strategy.model_copy(update={"buffer_count": 32}), shape)
+    # A tune that sized the buffers keeps its own; one that only chose aio settings does not.
+    planned = predict(placement, shape, machine, LINKS, buffers)
+    for fragment, written_count in (("[swap_buffers]\nbuffer_count = 40\n", 40), ("[aio]\nqueue_depth = 16\n", 33)):
+        (tmp_path / "tuned.toml").write_text(fragment)
+        raw = run_spec_for(spec, planned, tmp_path / "tuned.toml", buffers) | {"nvme_path": str(tmp_path)}
+        (tmp_path / "written.toml").write_text(tomli_w.dumps(raw))
+        assert load_spec(tmp_path / "written.toml").strategy[0].buffer_count == written_count
     # The plan's pinned RAM holds the same buffers.
     swap = deepspeed.swap_buffers(placement, shape, 1, buffers)["parameter swap buffers"]
     assert swap == [shape.largest_param_numel * 2] * 33

@@ -4,7 +4,6 @@ chosen placement as a run spec, a DeepSpeed JSON and an Accelerate config for us
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from offloadlab.plan.accounting import GiB, Links, Machine, Shape, SwapBuffers
 from offloadlab.plan.inputs import PlanInputs
 from offloadlab.plan.predict import Prediction, usable, usable_text
 from offloadlab.results.summary import Planned
-from offloadlab.spec import RunSpec, SpecError, load_spec
+from offloadlab.spec import RunSpec, SpecError, apply_tuned, load_spec
 
 
 def plan_table(predictions: list[Prediction], title: str, machine: Machine) -> Table:
@@ -159,7 +158,7 @@ def run_spec_for(base: RunSpec, x: Prediction, tuned: Path | None, buffers: Swap
     strategy = x.placement.strategy.model_dump(mode="json", exclude_defaults=True)
     if tuned is not None and x.placement.strategy.uses_nvme:
         strategy["tuned"] = str(tuned.resolve())
-    sized_by_tune = tuned is not None and "swap_buffers" in tomllib.loads(tuned.read_text())
+    sized_by_tune = tuned is not None and "buffer_count" in apply_tuned({"tuned": str(tuned.resolve())}, Path("/"))
     if x.placement.strategy.swaps_parameters and not sized_by_tune:
         strategy |= {"buffer_count": buffers.param_buffer_count, "buffer_size": buffers.param_buffer_size}
     raw["strategy"] = [strategy]

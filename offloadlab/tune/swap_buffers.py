@@ -81,18 +81,13 @@ def plan_swap_buffers(spec: RunSpec, strategy: DeepSpeedStrategy, aio: AioSettin
     shape = shape_of_spec(spec)
     # Four blocks live keeps the prefetch ahead of compute without pinning the whole model.
     max_live = min(strategy.stage3_max_live_parameters, 4 * shape.block_params)
-    windowed = strategy.model_copy(
-        update={"stage3_max_live_parameters": max_live, "stage3_max_reuse_distance": max_live}
-    )
-    swapped = swapped_numels(shape, windowed, spec.nproc, aio)
+    swapped = swapped_numels(shape, strategy, spec.nproc, aio)
     # Whole elements per thread-aligned chunk, as DeepSpeed rounds each buffer.
     buffer_size = _aligned(shape.largest_param_numel, ALIGNMENT * aio.intra_op_parallelism // shape.param_bytes)
     sub_group = max(sub_groups(shape, spec.nproc, strategy.sub_group_size))
     return SwapBufferPlan(
         buffer_size=buffer_size,
-        buffer_count=max_params_in_window(swapped, max_live + strategy.stage3_prefetch_bucket_size) + SAFETY_BUFFERS
-        if swapped
-        else 1 + SAFETY_BUFFERS,
+        buffer_count=max_params_in_window(swapped, max_live + strategy.stage3_prefetch_bucket_size) + SAFETY_BUFFERS,
         stage3_max_live_parameters=max_live,
         stage3_max_reuse_distance=max_live,
         largest_param_numel=shape.largest_param_numel,
