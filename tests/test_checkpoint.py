@@ -16,7 +16,7 @@ from conftest import REPO, write_spec
 from offloadlab.engines.base import Engine
 from offloadlab.engines.digests import digest_tree
 from offloadlab.engines.dist import DistContext
-from offloadlab.train.checkpoint import latest_checkpoint, restore_and_check, save_atomic
+from offloadlab.train.checkpoint import CheckpointRefused, latest_checkpoint, restore_and_check, save_atomic
 
 
 class TensorEngine(Engine):
@@ -58,13 +58,24 @@ class TensorEngine(Engine):
         return digest_tree({"weight": self.weight}, "w", {})
 
 
+class Recorded(dict):
+    """What the run store keeps of each save's files, by step folder."""
+
+    def record(self, folder: str, files: dict) -> None:
+        self[folder] = files
+
+    def files(self, folder: str) -> dict:
+        return self.get(folder, {})
+
+
 def test_a_crash_mid_save_keeps_the_last_good_checkpoint(tmp_path):
-    save_atomic(TensorEngine(1.0), tmp_path, step=2)
+    recorded = Recorded()
+    save_atomic(TensorEngine(1.0), tmp_path, step=2, record_files=recorded.record)
     with pytest.raises(RuntimeError, match="disk pulled"):
-        save_atomic(TensorEngine(5.0, fail_mid_save=True), tmp_path, step=4)
-    assert latest_checkpoint(tmp_path).name == "step-2"
+        save_atomic(TensorEngine(5.0, fail_mid_save=True), tmp_path, step=4, record_files=recorded.record)
+    assert latest_checkpoint(tmp_path).name == "step-2" and list(recorded) == ["step-2"]
     restored = TensorEngine(0.0)
-    check = restore_and_check(restored, tmp_path, scratch=tmp_path / "scratch")
+    check = restore_and_check(restored, tmp_path, scratch=tmp_path / "scratch", saved_files=recorded.files)
     assert check.ok and check.step == 2
     assert torch.equal(restored.weight, torch.full((4,), 1.0))
     # The next save clears the dead one's leftovers.
@@ -72,8 +83,46 @@ def test_a_crash_mid_save_keeps_the_last_good_checkpoint(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-2", "step-6"]
 
 
-def test_a_restore_that_differs_is_reported(tmp_path):
+class NeverLoads(TensorEngine):
+    def load(self, folder):
+        raise AssertionError("a file of the refused checkpoint was read")
+
+
+@pytest.mark.parametrize(
+    "tamper, said",
+    [
+        (
+            lambda step: torch.save({"weight": torch.zeros(4), "step": 2}, step / "part0.pt"),
+            "changed since the save part0.pt",
+        ),
+        (lambda step: (step / "extra.pt").write_bytes(b"planted"), "added extra.pt"),
+        (lambda step: (step / "part1.pt").unlink(), "missing part1.pt"),
+        (
+            lambda step: ((step / "part1.pt").unlink(), (step / "part1.pt").symlink_to("/etc/passwd")),
+            "not a regular file",
+        ),
+    ],
+)
+def test_a_checkpoint_changed_after_its_save_is_not_loaded(tmp_path, tamper, said):
+    recorded = Recorded()
+    save_atomic(TensorEngine(1.0), tmp_path, step=2, record_files=recorded.record)
+    tamper(tmp_path / "step-2")
+    with pytest.raises(CheckpointRefused, match=said):
+        restore_and_check(NeverLoads(0.0), tmp_path, scratch=tmp_path / "scratch", saved_files=recorded.files)
+
+
+def test_a_checkpoint_the_store_has_no_record_of_is_not_loaded(tmp_path):
     save_atomic(TensorEngine(1.0), tmp_path, step=2)
+    with pytest.raises(CheckpointRefused, match="records no files"):
+        restore_and_check(NeverLoads(0.0), tmp_path, scratch=tmp_path / "scratch", saved_files=Recorded().files)
+    (tmp_path / "latest").write_text("../elsewhere")
+    with pytest.raises(CheckpointRefused, match="points outside"):
+        latest_checkpoint(tmp_path)
+
+
+def test_a_restore_that_differs_is_reported(tmp_path):
+    recorded = Recorded()
+    save_atomic(TensorEngine(1.0), tmp_path, step=2, record_files=recorded.record)
 
     class Drifting(TensorEngine):
         def load(self, folder):
@@ -81,7 +130,7 @@ def test_a_restore_that_differs_is_reported(tmp_path):
             self.weight = self.weight + 1e-6
             return step
 
-    check = restore_and_check(Drifting(0.0), tmp_path, scratch=tmp_path / "scratch")
+    check = restore_and_check(Drifting(0.0), tmp_path, scratch=tmp_path / "scratch", saved_files=recorded.files)
     assert not check.ok
     assert check.mismatched == ["w/weight"]
 

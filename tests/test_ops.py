@@ -58,18 +58,51 @@ def test_one_build_serves_processes_with_another_path_cflags_and_cxx():
 
 @pytest.mark.slow
 def test_a_dead_holders_torch_lock_is_removed_and_a_live_builders_is_waited_for(tmp_path):
+    """An idle process working in the folder (a shell, here a sleep) hung `run` at 0/4 for ever: only a
+    build tool there is a live build, and the wait names it."""
     folder = tmp_path / "cpu_adam"
     folder.mkdir()
     lock = folder / "lock"
     lock.touch()
-    builder = subprocess.Popen(["sleep", "2"], cwd=folder)  # a build outside offloadlab works in the folder
-    start = time.monotonic()
-    ops._clear_stale_torch_lock(folder)
-    assert builder.poll() is not None and time.monotonic() - start > 1.5  # it waited for the live one
-    assert not lock.exists()  # and then removed what its dead holder left
+    idle = subprocess.Popen(["sleep", "600"], cwd=folder)
+    try:
+        start = time.monotonic()
+        ops._clear_stale_torch_lock(folder, say=pytest.fail)  # not waited on, nothing said
+        assert time.monotonic() - start < 1 and not lock.exists()
+    finally:
+        idle.kill()
+        idle.wait()
+    ninja = tmp_path / "ninja"  # a build tool by its name, as ninja runs in the folder during a build
+    shutil.copy(shutil.which("sleep"), ninja)
     lock.touch()
-    ops._clear_stale_torch_lock(folder)  # nobody works there: stale at once, not waited on
-    assert not lock.exists()
+    builder = subprocess.Popen([str(ninja), "2"], cwd=folder)
+    said: list[str] = []
+    start = time.monotonic()
+    ops._clear_stale_torch_lock(folder, say=said.append)
+    assert builder.poll() is not None and time.monotonic() - start > 1.5  # it waited for the live one
+    assert said == [f"waiting for ninja (PID {builder.pid}), which is building in {folder}"]
+    assert not lock.exists()  # and then removed what its dead holder left
+
+
+def test_a_wait_for_another_offloadlab_build_names_its_pid(tmp_path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from offloadlab.engines import ops\n"
+            "with ops._build_lock(Path(sys.argv[1]), print):\n    print('locked', flush=True); time.sleep(2)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "locked"
+    said: list[str] = []
+    start = time.monotonic()
+    with ops._build_lock(tmp_path, said.append):
+        assert time.monotonic() - start > 1  # acquired once the holder let go
+    holder.wait()
+    assert said == [f"waiting for offloadlab process {holder.pid}, which is building DeepSpeed's ops in {tmp_path}"]
 
 
 def test_the_build_lock_is_released_when_its_holder_is_killed(tmp_path):
@@ -91,7 +124,7 @@ def test_the_build_lock_is_released_when_its_holder_is_killed(tmp_path):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    with ops._build_lock(tmp_path):  # acquired at once: the kernel dropped the dead holder's lock
+    with ops._build_lock(tmp_path, pytest.fail):  # acquired at once: the kernel dropped the dead holder's lock
         pass
     os.close(fd)
 

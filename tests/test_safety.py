@@ -4,6 +4,8 @@ orphaned or corrupted. Each case was reproduced against the tool before it was f
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import pickle
 import resource
@@ -72,6 +74,36 @@ def test_every_path_in_the_run_folder_stays_inside_it(tmp_path):
         run_dir.scratch("x")
 
 
+def test_a_run_folder_stays_locked_whatever_is_deleted_in_it(tmp_path):
+    """The lock was a file: `.offloadlab.lock` deleted mid-run let a second run into the folder."""
+    run_dir = RunDir.at(tmp_path / "run")
+    run_dir.root.mkdir()
+    (run_dir.root / "spec.toml").write_text("")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from offloadlab.results.rundir import "
+            "RunDir; RunDir.at(Path(sys.argv[1])).lock(); print('held', flush=True); time.sleep(600)",
+            str(run_dir.root),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for path in run_dir.root.iterdir():
+            path.unlink()
+        assert run_dir.is_live()
+        with pytest.raises(RunDirError, match="another offloadlab process is running"):
+            run_dir.lock()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not run_dir.is_live()
+    os.close(run_dir.lock())
+
+
 @pytest.mark.slow
 def test_modules_planted_in_the_current_folder_never_run(tmp_path):
     """`python -m torch.distributed.run` from the user's folder imported a planted torch/ there (every strategy
@@ -123,6 +155,55 @@ def test_the_restore_check_never_unpickles_code(tmp_path):
     assert not marker.exists()
 
 
+class _Payload:
+    """Unpickling it creates the marker file: code from the checkpoint folder ran."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def _plant_deepspeed(step: Path, marker: Path) -> Path:
+    import torch
+
+    (target,) = step.rglob("mp_rank_00_model_states.pt")  # DeepSpeed loads it with weights_only=False
+    torch.save({"module": _Payload(marker)}, target)
+    return target
+
+
+def _plant_fsdp2(step: Path, marker: Path) -> Path:
+    target = step / ".metadata"  # torch.distributed.checkpoint's FileSystemReader pickle.loads it
+    target.write_bytes(pickle.dumps(_Payload(marker)))
+    return target
+
+
+@pytest.mark.slow
+def test_a_payload_planted_in_a_saved_checkpoint_is_refused_not_run(tmp_path):
+    """DeepSpeed 0.19.8's load_checkpoint calls torch.load(weights_only=False) and FSDP2's reader
+    pickle.loads .metadata: a file replaced between the save and the restore check ran its code."""
+    spec = write_spec(tmp_path, [STRATEGIES[0], FSDP2], verify_checkpoint=True)
+    run_dir = tmp_path / "run"
+    cli("run", str(spec), "--out", str(run_dir), "--keep-checkpoints")
+    for name, plant in (("zero2-cpu", _plant_deepspeed), ("fsdp2", _plant_fsdp2)):
+        marker = tmp_path / f"{name}-payload-ran"
+        (step,) = (run_dir / "checkpoints" / name).glob("step-*")
+        planted = plant(step, marker)
+        log = (run_dir / "logs" / f"{name}.log").read_text()
+        verify = next(line[2:] for line in log.splitlines() if line.startswith("$ ") and "--mode verify" in line)
+        (run_dir / "tmp").mkdir(exist_ok=True)
+        env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONSAFEPATH": "1", "TMPDIR": str(run_dir / "tmp")}
+        again = subprocess.run(verify.split(), cwd=run_dir, env=env, capture_output=True, text=True, timeout=600)
+        assert again.returncode != 0
+        assert not marker.exists(), f"{name}: the planted {planted.name} was unpickled"
+        store = RunStore(run_dir)
+        row = store.strategy(store.strategy_id(store.run()["id"], name))
+        store.close()
+        assert not row["checkpoint_verified"]
+        assert f"was not loaded: changed since the save {planted.relative_to(step)}" in row["checkpoint_detail"]
+
+
 def _dead_run_left_running(tmp_path: Path, nvme_root: Path, sig: int) -> tuple[Path, list[int]]:
     spec = write_spec(tmp_path, [STRATEGIES[1] | {"name": "orphan"}], steps=3000, nvme_path=str(nvme_root))
     run_dir = tmp_path / "runs" / "r1"
@@ -159,6 +240,124 @@ def test_a_killed_cli_takes_its_workers_with_it_and_the_next_run_removes_its_swa
     assert f"marked {run_dir} interrupted" in flat(later.stdout)
     assert not any(p.exists() for p in swap)
     assert RunStore(run_dir).run()["status"] == "interrupted"
+
+
+def _tree_digest(*roots: Path) -> dict[str, str]:
+    """Every file and link under the roots, by content: what a sweep must leave byte-identical."""
+    out = {}
+    for root in roots:
+        for path in sorted([root, *root.rglob("*")]):
+            if path.is_symlink():
+                out[str(path)] = f"-> {os.readlink(path)}"
+            elif path.is_file():
+                out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                out[str(path)] = "dir"
+    return out
+
+
+def _steps_trained(run_dir: Path) -> int:
+    store = RunStore(run_dir)
+    try:
+        return store.conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_a_new_run_changes_nothing_beside_it_that_is_not_provably_a_dead_runs_own(tmp_path, nvme_root):
+    """Seen by a hostile user: a backup copy of a live run's folder made the next run remove the live run's
+    swap folder (it died at step 13 in DeepSpeed's async_pwrite); a crafted store deleted a folder outside
+    offloadlab's; a user's own database beside the runs was switched to WAL, and an empty file became one."""
+    runs = tmp_path / "runs"
+    live_spec = write_spec(tmp_path, [STRATEGIES[1] | {"name": "live"}], steps=3000, nvme_path=str(nvme_root))
+    live = start_cli("run", str(live_spec), "--out", str(runs / "A"))
+    try:
+        wait_for_worker(live, runs / "A")
+        (live_swap,) = [p for p in nvme_root.iterdir() if p.name.endswith("-live")]
+        subprocess.run(["cp", "-a", str(runs / "A"), str(runs / "A-backup")], check=True)
+        victim = tmp_path / "victim" / "offloadlab-precious"
+        victim.mkdir(parents=True)
+        (victim / "data.txt").write_text("the user's own")
+        live_store = RunStore(runs / "A")
+        ((_, live_secret),) = live_store.created(live_store.run()["id"])
+        live_store.close()
+        (runs / "evil").mkdir()
+        evil = RunStore(runs / "evil", create_schema=True)  # a store as offloadlab writes one, crafted
+        evil_run = evil.add_run("evil", "")
+        evil.record_created(evil_run, victim, "guessed")
+        evil.record_created(evil_run, live_swap, live_secret)  # the live run's folder, with its real secret
+        evil.close()
+        (runs / "foreign").mkdir()
+        with contextlib.closing(sqlite3.connect(runs / "foreign" / DB_NAME)) as foreign:
+            foreign.execute("CREATE TABLE runs (id INTEGER, status TEXT)")
+            foreign.execute("INSERT INTO runs VALUES (1, 'running')")
+            foreign.commit()
+        (runs / "emptyfile").mkdir()
+        (runs / "emptyfile" / DB_NAME).touch()
+        (runs / "loop").symlink_to(runs / "loop")  # every later run into this parent failed on it
+        beside = [runs / n for n in ("A-backup", "evil", "foreign", "emptyfile")]
+        before = _tree_digest(tmp_path / "victim", *beside)
+        trained_before = _steps_trained(runs / "A")
+
+        spec = write_spec(tmp_path, [FSDP2], steps=1, verify_checkpoint=False)
+        later = cli("run", str(spec), "--out", str(runs / "B"))
+        assert "marked" not in later.stdout, later.stdout
+        cli("compare", str(runs / "B"))  # reads its siblings for a stored baseline
+
+        assert _tree_digest(tmp_path / "victim", *beside) == before
+        assert (runs / "loop").is_symlink()
+        assert live_swap.is_dir() and live.poll() is None
+        deadline = time.time() + 120
+        while _steps_trained(runs / "A") < trained_before + 2:  # the live run goes on swapping
+            assert live.poll() is None and time.time() < deadline, (
+                live.stdout.read() if live.poll() is not None else ""
+            )
+            time.sleep(0.5)
+    finally:
+        live.send_signal(signal.SIGINT)
+        live.communicate(timeout=120)
+    assert not live_swap.exists()  # its own run removed it at the end
+
+
+@contextlib.contextmanager
+def _small_disk(folder: Path, size: str):
+    """A filesystem of its own (tmpfs), so a test can fill it."""
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def _fill(path: Path) -> None:
+    with open(path, "wb") as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+
+
+@pytest.mark.slow
+def test_a_run_whose_disk_fills_records_why(tmp_path):
+    """The run's store had no room left for its last writes, so the run read as "a closed terminal, or
+    killed"; a reserve the run holds is freed for them."""
+    spec = write_spec(tmp_path, [FSDP2], steps=3000, verify_checkpoint=False)
+    with _small_disk(tmp_path / "disk", "16m") as disk:
+        run_dir = disk / "run"
+        proc = start_cli("run", str(spec), "--out", str(run_dir))
+        wait_for_worker(proc, run_dir)
+        _fill(disk / "someone-elses-file")  # another program fills the drive
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 1, out
+        assert "its store could not be written (database or disk is full)" in flat(out)
+        (disk / "someone-elses-file").unlink()
+        (summary,) = json.loads(cli("compare", str(run_dir), "--json").stdout)
+        assert summary["status"] == "failed" and "disk filled" in summary["reason"], summary
+        assert sorted(p.name for p in run_dir.iterdir()) == ["logs", DB_NAME, "spec.toml"]
 
 
 @pytest.mark.slow

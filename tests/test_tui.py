@@ -586,3 +586,35 @@ def test_the_tune_screen_keeps_deepspeeds_default_in_view(tmp_path):
             assert top.row_count == 8 and labels[-1].startswith("bs=1M qd=8 t=1 ss=0 ov=1"), labels
 
     asyncio.run(scenario())
+
+
+def test_a_status_this_version_does_not_write_reads_as_unknown(tmp_path):
+    """A store with status 'bogus' (a newer version's, or hand-edited) crashed compare, report and the TUI at
+    start with "ValueError: 'bogus' is not a valid Status"."""
+    from offloadlab.run.runner import spec_toml
+    from offloadlab.spec import load_spec
+
+    from conftest import write_spec
+
+    spec = load_spec(write_spec(tmp_path, [dict(name="fsdp2", engine="fsdp2")]))
+    run_dir = tmp_path / "runs" / "edited"
+    run_dir.mkdir(parents=True)
+    store = RunStore(run_dir, create_schema=True)
+    run_id = store.add_run(spec.name, spec_toml(spec))
+    store.add_strategy(run_id, "fsdp2", "fsdp2", spec.strategy[0].model_dump(mode="json"), spec.steps)
+    store.conn.execute("UPDATE strategies SET status = 'bogus'")
+    store.conn.execute("UPDATE runs SET status = 'bogus'")
+    store.close()
+    for args in (["compare", str(run_dir)], ["compare", str(run_dir), "--json"]):
+        assert "unknown" in cli(*args).stdout
+    cli("report", str(run_dir))
+    assert "<td>unknown (0/4)</td>" in (run_dir / "report.html").read_text()
+
+    async def scenario():
+        app = make_app(root=tmp_path / "runs", poll_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: "fsdp2" in panels(app))
+            assert panels(app)["fsdp2"].view.summary.status == "unknown"
+        assert app.return_code in (0, None)
+
+    asyncio.run(scenario())

@@ -5,7 +5,8 @@ offloadlab loads one, and it removes the three ways that build hung or repeated 
 - torch's build lock is a file made with O_EXCL. A build killed part-way leaves it; every later load
   waits on it forever, and once someone deletes it the waiter imports a .so that was never built. Here
   loads are serialized by an flock, which the kernel releases when its holder dies; under it, a torch
-  lock file is stale unless a process outside offloadlab is building in that folder, and is removed.
+  lock file is stale unless a build tool (ninja, a compiler, the linker) runs in that folder, and is
+  removed. Any other process working in the folder (a shell, an editor) is no build.
 - ninja keeps a hash of each command in .ninja_log, in a format that changed in ninja 1.12: the venv's
   ninja (DeepSpeed's `ninja` dependency, on PATH once the venv is activated) and an older system ninja
   each read the other's log as "every command changed" and rebuild everything. Loads here always run the
@@ -46,6 +47,16 @@ BUILD_TIME = {
     "deepspeed_shm_comm": "under a minute",
 }
 LOCK_FILE = "offloadlab-build.lock"
+# What torch's build runs in the build folder: ninja, and the compilers and linker ninja starts.
+BUILD_TOOLS = frozenset(
+    {"ninja", "c++", "g++", "gcc", "cc", "cc1plus", "cc1", "as", "ld", "collect2", "clang", "clang++", "nvcc", "cicc"}
+)
+# Said while a load waits for a build it does not own; a rank's goes to its log.
+Say = Callable[[str], None]
+
+
+def _say_on_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def choose_deepspeed_accelerator() -> None:
@@ -103,33 +114,47 @@ def is_built(name: str) -> bool:
 
 
 @contextlib.contextmanager
-def _build_lock(root: Path) -> Iterator[None]:
+def _build_lock(root: Path, say: Say) -> Iterator[None]:
     fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies, unlike torch's lock
+        try:
+            fcntl.flock(fd, fcntl.LOCK_NB | fcntl.LOCK_EX)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            say(f"waiting for offloadlab process {holder}, which is building DeepSpeed's ops in {root}")
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if its holder dies, unlike torch's lock
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)  # who holds it, for the next waiter's message
         yield
     finally:
         os.close(fd)
 
 
-def _someone_builds_in(folder: Path) -> bool:
-    """torch runs ninja (and ninja the compilers) with the build folder as working directory."""
-    for proc in psutil.process_iter():
+def _build_tool_in(folder: Path) -> psutil.Process | None:
+    """A build tool at work in the folder: torch runs ninja (and ninja the compilers) with the build folder
+    as working directory."""
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] not in BUILD_TOOLS:
+            continue
         try:
             cwd = Path(proc.cwd())
         except (psutil.Error, FileNotFoundError):
             continue  # gone, or another user's (who builds in their own extensions folder)
         if cwd == folder or folder in cwd.parents:
-            return True
-    return False
+            return proc
+    return None
 
 
-def _clear_stale_torch_lock(folder: Path) -> None:
+def _clear_stale_torch_lock(folder: Path, say: Say) -> None:
     """Under the flock no offloadlab process builds, so torch's lock file is either a foreign build's (a
-    process works in the folder: wait for it, as torch would) or a dead one's (remove it, so the build is
-    redone instead of importing a library that was never finished)."""
+    build tool works in the folder: wait for it, as torch would, and say so) or a dead one's (remove it, so
+    the build is redone instead of importing a library that was never finished)."""
     lock = folder / "lock"
-    while lock.exists() and _someone_builds_in(folder):
+    said = False
+    while lock.exists() and (builder := _build_tool_in(folder)) is not None:
+        if not said:
+            say(f"waiting for {builder.info['name']} (PID {builder.pid}), which is building in {folder}")
+            said = True
         time.sleep(1)
     lock.unlink(missing_ok=True)
 
@@ -165,9 +190,10 @@ def check_libaio() -> None:
         )
 
 
-def load_op(name: str, announce: Announce | None = None):
-    """The op's module, built first if needed (with `announce(name)` shown meanwhile). DeepSpeed keeps
-    what is loaded here and hands it to its own callers in this process, so they never build."""
+def load_op(name: str, announce: Announce | None = None, say: Say = _say_on_stderr):
+    """The op's module, built first if needed (with `announce(name)` shown meanwhile, and `say` told of a
+    wait for another process's build). DeepSpeed keeps what is loaded here and hands it to its own callers
+    in this process, so they never build."""
     if name in _loaded:
         return _loaded[name]
     if not on_this_accelerator(name):
@@ -175,9 +201,9 @@ def load_op(name: str, announce: Announce | None = None):
     if name == "async_io":
         check_libaio()
     folders = build_folders(name)
-    with _build_lock(folders[0].parent):
+    with _build_lock(folders[0].parent, say):
         for folder in folders:
-            _clear_stale_torch_lock(folder)
+            _clear_stale_torch_lock(folder, say)
         shown = announce(name) if announce is not None and not is_built(name) else contextlib.nullcontext()
         with shown, _pinned_build_env():
             try:

@@ -14,6 +14,12 @@ class Status(StrEnum):
     """Memory, swap buffers or disk ran out: a result about the placement, not a fault."""
     INTERRUPTED = "interrupted"
     """A run whose process ended before it finished (a closed terminal, killed)."""
+    UNKNOWN = "unknown"
+    """A status this offloadlab does not write (a newer version's, or a hand-edited store): shown, not fatal."""
+
+    @classmethod
+    def _missing_(cls, value) -> "Status":
+        return cls.UNKNOWN
 
     @property
     def label(self) -> str:
@@ -40,6 +46,7 @@ _STYLE = {
     Status.FAILED: "red",
     Status.DOES_NOT_FIT: "yellow",
     Status.INTERRUPTED: "red",
+    Status.UNKNOWN: "magenta",
 }
 
 # The reason an interrupted run's unfinished strategies show.

@@ -8,6 +8,7 @@ beside it, and a file that is not a run store is a one-line `StoreError`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -98,7 +99,16 @@ CREATE TABLE IF NOT EXISTS tune_points (
 CREATE TABLE IF NOT EXISTS created_paths (      -- folders a run made outside its run folder (NVMe swap)
     run_id INTEGER NOT NULL REFERENCES runs(id),
     path TEXT NOT NULL,
+    secret TEXT NOT NULL,                        -- what the folder's owner marker must hold (rundir.py)
     PRIMARY KEY (run_id, path)
+);
+CREATE TABLE IF NOT EXISTS checkpoint_files (   -- every file a save wrote, checked before a restore reads any
+    strategy_id INTEGER NOT NULL REFERENCES strategies(id),
+    folder TEXT NOT NULL,                        -- the step folder's name
+    path TEXT NOT NULL,                          -- relative to it
+    size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    PRIMARY KEY (strategy_id, folder, path)
 );
 -- Covering: a series or its bins are read from the index alone (2x faster on a 3-hour store's 1.7 M rows).
 -- Stores written before it keep their (strategy_id, metric, t) index under the old name, and still read.
@@ -106,8 +116,32 @@ CREATE INDEX IF NOT EXISTS samples_by_metric_time ON samples (strategy_id, metri
 """
 
 
+# SQLite's header field for "which program's file is this" ("OFLB"). Set before the store turns to WAL, so
+# it is in the main file from the start and a reader of the first 100 bytes sees it, whatever the WAL holds.
+APPLICATION_ID = 0x4F464C42
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
 class StoreError(Exception):
     """A run store that cannot be read; the message is one line that names the file."""
+
+
+def application_id(path: Path) -> int | None:
+    """The SQLite header's application id, read as plain bytes (no SQLite connection, so nothing is
+    written); None for a file that is no SQLite database (empty, another format, unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(100)
+    except OSError:
+        return None
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        return None
+    return int.from_bytes(header[68:72], "big")
+
+
+def is_run_store(path: Path) -> bool:
+    """Marked as offloadlab's in its header: what a sweep of other runs' folders asks before it reads one."""
+    return application_id(path) == APPLICATION_ID
 
 
 def connect(run_dir: Path) -> sqlite3.Connection:
@@ -119,9 +153,23 @@ def connect(run_dir: Path) -> sqlite3.Connection:
 
 
 def create(run_dir: Path) -> sqlite3.Connection:
+    with contextlib.closing(sqlite3.connect(Path(run_dir) / DB_NAME, isolation_level=None)) as conn:
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn = connect(run_dir)
     conn.executescript(SCHEMA)
     return conn
+
+
+def _read_only_mode(path: Path) -> str:
+    """How a reader opens the store so that it never changes a byte of it or adds a file beside it.
+
+    Without a -wal file no process has it open and all of it is in the main file: immutable (which also
+    works on a read-only mount). With one, its WAL is read; a plain read-only reader rewrites the -shm
+    index, which for a live run's store is the writers' shared state anyway, but for a dead run's, or a copy
+    of a live one, would change a file offloadlab does not own: there the index is only read."""
+    if not path.with_name(f"{DB_NAME}-wal").exists():
+        return "&immutable=1"
+    return "" if RunDir(path.parent).is_live() else "&readonly_shm=1"
 
 
 def connect_read_only(run_dir: Path) -> sqlite3.Connection:
@@ -130,13 +178,11 @@ def connect_read_only(run_dir: Path) -> sqlite3.Connection:
         raise StoreError(f"{run_dir} holds no {DB_NAME}: not an offloadlab run directory")
     if path.stat().st_size == 0:
         raise StoreError(f"{path} is empty: not an offloadlab run store")
-    # Without a -wal file no process has the store open and all of it is in the main file: read it as
-    # immutable, which creates nothing beside it (a read-only WAL reader leaves -shm and -wal files) and
-    # works on a read-only mount. A live store is read through its WAL.
-    immutable = "" if path.with_name(f"{DB_NAME}-wal").exists() else "&immutable=1"
+    if application_id(path) not in (None, 0, APPLICATION_ID):
+        raise StoreError(f"{path} is another program's database, not an offloadlab run store")
     try:
         conn = sqlite3.connect(
-            f"file:{quote(str(path))}?mode=ro{immutable}", uri=True, timeout=30.0, isolation_level=None
+            f"file:{quote(str(path))}?mode=ro{_read_only_mode(path)}", uri=True, timeout=30.0, isolation_level=None
         )
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.DatabaseError as err:
@@ -218,8 +264,7 @@ class RunStore:
         if create_schema:
             self.conn = create(self.run_dir)
         elif writable:
-            if not (self.run_dir / DB_NAME).is_file():
-                raise StoreError(f"{self.run_dir} holds no {DB_NAME}: not an offloadlab run directory")
+            connect_read_only(self.run_dir).close()  # identified read-only first: a foreign file stays as it is
             self.conn = connect(self.run_dir)
         else:
             self.conn = connect_read_only(self.run_dir)
@@ -323,9 +368,16 @@ class RunStore:
     def set_run_spec(self, run_id: int, spec_toml: str) -> None:
         self.conn.execute("UPDATE runs SET spec_toml = ? WHERE id = ?", (spec_toml, run_id))
 
-    def record_created(self, run_id: int, path: Path) -> None:
+    def record_created(self, run_id: int, path: Path, secret: str) -> None:
         """Written before the folder is made, so a run that dies at any point leaves a record of it."""
-        self.conn.execute("INSERT OR IGNORE INTO created_paths VALUES (?, ?)", (run_id, str(path)))
+        self.conn.execute("INSERT OR IGNORE INTO created_paths VALUES (?, ?, ?)", (run_id, str(path), secret))
+
+    def record_checkpoint_files(self, strategy_id: int, folder: str, files: dict[str, tuple[int, str]]) -> None:
+        with self.conn:
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO checkpoint_files VALUES (?, ?, ?, ?, ?)",
+                [(strategy_id, folder, path, size, sha) for path, (size, sha) in files.items()],
+            )
 
     def forget_created(self, run_id: int, path: Path) -> None:
         self.conn.execute("DELETE FROM created_paths WHERE run_id = ? AND path = ?", (run_id, str(path)))
@@ -369,13 +421,17 @@ class RunStore:
         ).fetchone()
         return row[0] or 0.0
 
-    def created(self, run_id: int) -> list[Path]:
-        try:
-            return [
-                Path(r[0]) for r in self.conn.execute("SELECT path FROM created_paths WHERE run_id = ?", (run_id,))
-            ]
-        except sqlite3.OperationalError:
-            return []  # a store from before the table existed
+    def created(self, run_id: int) -> list[tuple[Path, str]]:
+        """(folder, the secret its owner marker holds) for each folder the run made outside its folder."""
+        rows = self.conn.execute("SELECT path, secret FROM created_paths WHERE run_id = ?", (run_id,))
+        return [(Path(path), secret) for path, secret in rows]
+
+    def checkpoint_files(self, strategy_id: int, folder: str) -> dict[str, tuple[int, str]]:
+        rows = self.conn.execute(
+            "SELECT path, size, sha256 FROM checkpoint_files WHERE strategy_id = ? AND folder = ?",
+            (strategy_id, folder),
+        )
+        return {path: (size, sha) for path, size, sha in rows}
 
     def strategies(self, run_id: int) -> list[sqlite3.Row]:
         return self.conn.execute("SELECT * FROM strategies WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import signal
 import sqlite3
@@ -31,9 +32,9 @@ from offloadlab.checks.host import PINNED_EXACT_ABOVE, sets_pinned_exact
 from offloadlab.engines import engine_class
 from offloadlab.engines.ops import announce_on, ensure_built
 from offloadlab.plan.accounting import GiB, Machine, Shape
-from offloadlab.results.rundir import LOCK_NAME, NVME_PREFIX, RunDir, RunDirError, signals_ignored
+from offloadlab.results.rundir import RunDir, RunDirError, is_disk_full, signals_ignored
 from offloadlab.results.status import Status
-from offloadlab.results.store import RunStore, StoreError
+from offloadlab.results.store import RunStore, StoreError, is_run_store
 from offloadlab.results.summary import Planned, record_plan
 from offloadlab.results.tables import human_bytes
 from offloadlab.run.preflight import PreflightError, preflight_run
@@ -82,7 +83,7 @@ def new_run_dir(spec: RunSpec, out: Path | None) -> RunDir:
     path = out or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if path.exists() and not path.is_dir():
         raise RunDirError(f"--out {path} is a file: pass a folder that is new or empty")
-    if path.is_dir() and any(p.name != LOCK_NAME for p in path.iterdir()):
+    if path.is_dir() and any(path.iterdir()):
         raise RunDirError(f"run directory {path} exists and is not empty: pass another --out")
     return RunDir.at(path)
 
@@ -148,11 +149,13 @@ class Runner:
         self.keep_checkpoints = keep_checkpoints
         self.planned = planned or {}
         self.oom_kills_before = oom_kills()  # taken again at each launch
+        run_dir.reserve_space()
         self.store = RunStore(run_dir.root, create_schema=True)
         self.run_id = self.store.add_run(spec.name, spec_toml(spec))
         (run_dir.root / "spec.toml").write_text(spec_toml(spec))
         (run_dir.root / "logs").mkdir(exist_ok=True)
         token = uuid.uuid4().hex[:8]  # no other run's swap folder has this name, whatever its run folder is called
+        self.swap_secret = secrets.token_hex(16)  # in each swap folder's owner marker and in the store
         self.jobs = [self._job(s, token) for s in spec.strategy]
 
     def _job(self, strategy, token: str) -> StrategyJob:
@@ -181,6 +184,7 @@ class Runner:
                 for job in self.jobs:
                     self._run_strategy(job, progress)
             self.store.set_run_status(self.run_id, Status.DONE)
+            self.run_dir.release_space()
         except BaseException as err:
             with signals_ignored():
                 left = self._stop_and_clean_all(err)
@@ -199,10 +203,14 @@ class Runner:
 
     def _stop_and_clean_all(self, err: BaseException) -> list[Path]:
         reason = "interrupted by the user" if isinstance(err, KeyboardInterrupt) else f"the run stopped: {err}"
+        if is_disk_full(err):
+            reason = f"the run folder's disk filled ({err}): free space on {self.run_dir.root}'s drive"
         left: list[Path] = []
         for job in self.jobs:
             self._stop(job)
             left += self._clean(job)  # first: on a full disk this frees the space the store's writes need
+        self.run_dir.release_space()  # and so does the reserve, whatever filled the disk (the store itself)
+        for job in self.jobs:
             with contextlib.suppress(sqlite3.Error):
                 if Status(self.store.strategy(job.strategy_id)["status"]).unfinished:
                     self.store.set_strategy_status(job.strategy_id, Status.FAILED, reason)
@@ -214,9 +222,10 @@ class Runner:
         task = progress.add_task(f"{job.name:<18}", total=self.spec.steps)
         self.store.set_strategy_status(job.strategy_id, Status.RUNNING)
         if job.nvme_dir is not None:
-            self.store.record_created(self.run_id, job.nvme_dir)
+            self.store.record_created(self.run_id, job.nvme_dir, self.swap_secret)
             job.nvme_dir.mkdir()
             job.created.append(job.nvme_dir)
+            self.run_dir.mark_swap_folder(job.nvme_dir, self.swap_secret)
         try:
             rc = self._launch(job, "train", progress, task)
             if rc != 0 and self.store.strategy(job.strategy_id)["status"] == Status.RUNNING:
@@ -411,35 +420,48 @@ def check_fits(spec: RunSpec, shape: Shape, console: Console, force: bool) -> No
 
 
 def sweep_dead_runs(parent: Path, console: Console) -> None:
-    """Runs beside this one whose process died (a closed terminal, SIGKILL) still say "running": mark them
-    interrupted and remove the NVMe folders their stores record (nothing else: only what they made)."""
-    if not parent.is_dir():
+    """Runs beside this one whose process died (a closed terminal, SIGKILL) leave their swap folders on the
+    NVMe drive: remove those they provably made, and mark such a run interrupted. A folder is looked at only
+    if it is a real folder (no link) that no process holds, with a store marked as offloadlab's in its
+    header (read as bytes: another program's database or an empty file is never opened); its store is read
+    read-only, and written only once one of its swap folders is proven its own: the folder's owner marker
+    names this very run folder (device and inode) and the secret the store recorded. So a copy of a live
+    run's folder, or a crafted store naming any path, changes nothing."""
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        folders = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+    for folder in folders:
+        run_dir = RunDir(folder)
+        if not is_run_store(run_dir.store_path) or run_dir.is_live():
+            continue
+        try:
+            _remove_dead_runs_swap(run_dir, console)
+        except (StoreError, LookupError, sqlite3.Error, OSError) as err:
+            console.print(f"left {escape(str(folder))} as it is: {escape(str(err))}")
+
+
+def _remove_dead_runs_swap(run_dir: RunDir, console: Console) -> None:
+    reader = RunStore(run_dir.root)
+    try:
+        run = reader.run()
+        created = reader.created(run["id"]) if Status(run["status"]) is Status.RUNNING else []
+    finally:
+        reader.close()
+    owned = [path for path, secret in created if run_dir.owns_swap_folder(path, secret)]
+    if not owned:
         return
-    for folder in parent.iterdir():
-        run_dir = RunDir.at(folder)
-        if not run_dir.store_path.is_file() or run_dir.is_live():
-            continue
-        try:
-            store = RunStore(folder, writable=True)
-        except (StoreError, sqlite3.Error):
-            continue
-        try:
-            run = store.run()
-            if run["status"] != Status.RUNNING:
-                continue
-            store.mark_interrupted(run["id"])
-            for path in store.created(run["id"]):
-                if path.name.startswith(NVME_PREFIX):
-                    shutil.rmtree(path, ignore_errors=True)
-                if not path.exists():
-                    store.forget_created(run["id"], path)
-            console.print(
-                f"marked {escape(str(folder))} interrupted (its process was gone) and removed its swap folders"
-            )
-        except (LookupError, sqlite3.Error):
-            continue
-        finally:
-            store.close()
+    store = RunStore(run_dir.root, writable=True)
+    try:
+        store.mark_interrupted(run["id"])
+        for path in owned:
+            shutil.rmtree(path, ignore_errors=True)
+            if not path.exists():
+                store.forget_created(run["id"], path)
+    finally:
+        store.close()
+    removed = ", ".join(escape(str(p)) for p in owned if not p.exists())
+    console.print(
+        f"marked {escape(str(run_dir.root))} interrupted (its process was gone) and removed its swap folders {removed}"
+    )
 
 
 def run_spec(

@@ -6,13 +6,20 @@ Layout under a strategy's checkpoint root:
     .tmp-step-5/       a save in progress; only renamed to step-5 once every rank has written
 A crash mid-save leaves `latest` pointing at the last complete folder; the stale .tmp folder is removed by
 the next save.
+
+DeepSpeed's loader unpickles with weights_only=False and torch.distributed.checkpoint unpickles .metadata,
+so a file replaced between the save and the restore would run its code. The size and sha256 of every file a
+save wrote go to the run store, and a restore loads nothing unless the folder holds exactly those files.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +29,13 @@ from offloadlab.engines.base import Engine
 
 LATEST = "latest"
 DIGEST_FILE = "digest.json"
+
+FileDigests = dict[str, tuple[int, str]]
+"""{path relative to the step folder: (size in bytes, sha256)}"""
+
+
+class CheckpointRefused(Exception):
+    """The checkpoint folder is not what the run saved: nothing in it was loaded."""
 
 
 def _barrier() -> None:
@@ -56,8 +70,53 @@ def _fsync_tree(folder: Path) -> None:
                 os.close(fd)
 
 
-def save_atomic(engine: Engine, root: Path, step: int) -> Path:
-    """Save after `step` into root/step-N; collective over ranks. Returns the final folder."""
+def file_digests(folder: Path) -> FileDigests:
+    """Size and sha256 of every file under folder; anything but folders and regular files (a link, a
+    fifo) is an error, since a loader would follow it."""
+    out: FileDigests = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            mode = os.lstat(path).st_mode
+            if stat.S_ISDIR(mode):
+                continue
+            rel = str(path.relative_to(folder))
+            if not stat.S_ISREG(mode):
+                raise CheckpointRefused(f"{rel} is not a regular file")
+            with open(path, "rb") as f:
+                out[rel] = (os.fstat(f.fileno()).st_size, hashlib.file_digest(f, "sha256").hexdigest())
+    return out
+
+
+def _differences(folder: Path, saved: FileDigests) -> str | None:
+    """What differs between the folder and what the save recorded, or None."""
+    if not saved:
+        return "the run store records no files for it (saved by another process, or its record was lost)"
+    try:
+        found = file_digests(folder)
+    except (CheckpointRefused, OSError) as err:
+        return str(err)
+    added = sorted(found.keys() - saved.keys())
+    missing = sorted(saved.keys() - found.keys())
+    changed = sorted(k for k in found.keys() & saved.keys() if found[k] != saved[k])
+    named = {"added": added, "missing": missing, "changed since the save": changed}
+    return "; ".join(f"{what} {', '.join(paths[:3])}" for what, paths in named.items() if paths) or None
+
+
+def _agreed(problem: str | None) -> str | None:
+    """Rank 0's verdict, on every rank (rank 0 alone reads the files: they are one host's)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return problem
+    box = [problem]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def save_atomic(
+    engine: Engine, root: Path, step: int, record_files: Callable[[str, FileDigests], None] | None = None
+) -> Path:
+    """Save after `step` into root/step-N; collective over ranks. Returns the final folder. Rank 0 hands
+    `record_files` the folder's name and its files before the folder becomes `latest`."""
     rank = engine.ctx.rank
     tmp, final = root / f".tmp-step-{step}", root / f"step-{step}"
     if rank == 0:
@@ -72,6 +131,8 @@ def save_atomic(engine: Engine, root: Path, step: int) -> Path:
     if rank == 0:
         _write_atomic(tmp / DIGEST_FILE, json.dumps({"step": step, "tensors": digest}, indent=0))
         _fsync_tree(tmp)
+        if record_files is not None:
+            record_files(final.name, file_digests(tmp))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -85,6 +146,8 @@ def latest_checkpoint(root: Path) -> Path:
     if not pointer.is_file():
         raise FileNotFoundError(f"no complete checkpoint under {root} (no '{LATEST}' file)")
     folder = root / pointer.read_text().strip()
+    if folder.parent.resolve() != root.resolve():
+        raise CheckpointRefused(f"{pointer} points outside {root}")
     if not (folder / DIGEST_FILE).is_file():
         raise FileNotFoundError(f"checkpoint {folder} is incomplete: {DIGEST_FILE} missing")
     return folder
@@ -102,9 +165,15 @@ class RestoreCheck:
         return not self.mismatched and self.step == self.saved_step
 
 
-def restore_and_check(engine: Engine, root: Path, scratch: Path) -> RestoreCheck:
-    """Load the latest checkpoint into a freshly built engine and compare its state with the saved digest."""
+def restore_and_check(
+    engine: Engine, root: Path, scratch: Path, saved_files: Callable[[str], FileDigests]
+) -> RestoreCheck:
+    """Load the latest checkpoint into a freshly built engine and compare its state with the saved digest;
+    `saved_files(folder name)` is what the save recorded, checked before any file is read."""
     folder = latest_checkpoint(root)
+    problem = _agreed(_differences(folder, saved_files(folder.name)) if engine.ctx.rank == 0 else None)
+    if problem is not None:
+        raise CheckpointRefused(f"checkpoint {folder} was not loaded: {problem}")
     saved = json.loads((folder / DIGEST_FILE).read_text())
     step = engine.load(folder)
     if engine.ctx.rank == 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -110,7 +111,7 @@ def run_steps(
             budget.apply()  # the first step's cuBLAS handles and workspaces live outside the allocator too
         if checkpoint_root is not None and step == spec.save_step:
             t0 = time.time()
-            save_atomic(engine, checkpoint_root, step)
+            save_atomic(engine, checkpoint_root, step, partial(store.record_checkpoint_files, strategy_id))
             store.add_events(strategy_id, ctx.rank, [(step, "checkpoint_save", t0, time.time(), str(checkpoint_root))])
             meters.drain()  # the save's gathers and swaps are not the next step's
     return records

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ import time
 import tomllib
 import traceback
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -28,7 +28,7 @@ import psutil
 from offloadlab.engines import DistContext, Engine, build_engine, engine_class
 from offloadlab.engines.dist import end_rank
 from offloadlab.results.figures import MODEL_FACTS_EVENT, ModelFacts
-from offloadlab.results.rundir import RunDir
+from offloadlab.results.rundir import RunDir, is_disk_full
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore
 from offloadlab.spec import RunSpec, parse_spec
@@ -63,7 +63,7 @@ def classify_failure(exc: BaseException, engine: type[Engine], budget: GpuBudget
         return Status.DOES_NOT_FIT, f"host RAM exhausted: {text}"
     if "out of memory" in str(exc).lower():  # torch.OutOfMemoryError, and CUDA's own message
         return Status.DOES_NOT_FIT, f"GPU memory exhausted: {text}"
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "database or disk is full" in str(exc):
+    if is_disk_full(exc):
         return Status.DOES_NOT_FIT, f"disk full: {text}"
     return Status.FAILED, text
 
@@ -128,7 +128,12 @@ def _verify(spec, strategy, ctx, budget, store, strategy_id, run_dir, nvme_dir) 
     engine = build_within(budget, spec, strategy, ctx, nvme_dir)
     source = TokenSource.for_run(spec)
     layout = RunDir.at(run_dir)
-    check = restore_and_check(engine, layout.checkpoints(strategy.name), scratch=layout.scratch(strategy.name))
+    check = restore_and_check(
+        engine,
+        layout.checkpoints(strategy.name),
+        scratch=layout.scratch(strategy.name),
+        saved_files=partial(store.checkpoint_files, strategy_id),
+    )
     next_step = check.step + 1
     phase = f"restored@world{ctx.world_size}" if other_world else "restored"
     (restored,) = run_steps(engine, spec, source, store, strategy_id, StepWindow(next_step, next_step, phase=phase))

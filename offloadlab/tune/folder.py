@@ -1,4 +1,4 @@
-"""The folder a tune writes (`--out`): its store, lock and fragments, made only as the tune gets there and
+"""The folder a tune writes (`--out`): its store and fragments, made only as the tune gets there and
 removed again if it fails or is stopped. A folder the user made, or files of theirs in it, stay."""
 
 from __future__ import annotations
@@ -32,10 +32,7 @@ class TuneFolder:
         if not root.exists():
             root.mkdir(parents=True)
             self.made.append(root)
-        lock_existed = self.out_dir.lock_path.exists()
         self.out_dir.lock()  # its descriptor stays open: the folder is this tune's until the process exits
-        if not lock_existed:
-            self.made.append(self.out_dir.lock_path)
         self.made += [self.out_dir.store_path, *(root / f"{DB_NAME}-{s}" for s in ("wal", "shm"))]
         self.store = RunStore(root, create_schema=True)
         return self.store, self.store.add_run("tune", "")
