@@ -38,10 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_accuracy import compare as plan_rows  # noqa: E402
 from plan_accuracy import table as plan_table
 
+from offloadlab.engines.deepspeed.buffers import pinned_swap_bytes, tuned_buffers  # noqa: E402
+from offloadlab.plan.accounting import shape_of_spec  # noqa: E402
 from offloadlab.results.store import DB_NAME, RunStore  # noqa: E402
 from offloadlab.results.summary import summarize  # noqa: E402
 from offloadlab.spec import parse_spec  # noqa: E402
-from offloadlab.tune.swap_buffers import plan_swap_buffers  # noqa: E402
 
 console = Console(width=180, record=True)
 commands: list[str] = []
@@ -115,7 +116,7 @@ def floors_table(run_dir: Path, tune: dict) -> Table:
         step_s = tokens_per_step / s.tokens_per_s
         strategy = spec.get_strategy(s.name)
         planned = (
-            plan_swap_buffers(spec, strategy, strategy.aio).pinned_bytes
+            pinned_swap_bytes(strategy, shape_of_spec(spec), spec.nproc, tuned_buffers(spec, strategy, strategy.aio))
             if getattr(strategy, "swaps_parameters", False)
             else 0
         )

@@ -34,8 +34,8 @@ import tomli_w
 from rich.console import Console
 from rich.table import Table
 
+from offloadlab.engines.deepspeed.buffers import buffers_for
 from offloadlab.plan.accounting import GiB, Links, Machine, Placement, shape_of_spec
-from offloadlab.plan.deepspeed import buffers_for
 from offloadlab.plan.output import run_spec_for
 from offloadlab.plan.predict import Prediction, plan, predict
 from offloadlab.results.rundir import RunDir

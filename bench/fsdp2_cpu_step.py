@@ -3,7 +3,7 @@
     python bench/fsdp2_cpu_step.py [--d-model 1024] [--layers 12] [--repeats 7]
 
 The phase is clipping over the gradients (one norm, one scaling) and then the optimizer's step: torch's
-AdamW or DeepSpeed's CPU Adam over the shards (offloadlab.engines.fsdp2_engine). Each is timed over plain
+AdamW or DeepSpeed's CPU Adam over the shards (offloadlab.engines.fsdp2.adapter). Each is timed over plain
 tensors and over FSDP2's DTensor shards of the same shapes, and, where there is a GPU, over plain tensors in
 pinned memory, as CPUOffloadPolicy holds the shards and their gradients. The planner's probes
 (offloadlab.measure.links) give the rates it predicts the phase from. On the H200 hosts the phase ran 2.0x
@@ -22,7 +22,7 @@ from rich.table import Table
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from offloadlab.engines.fsdp2_engine import clip_local_shards, sharded_cpu_adam
+from offloadlab.engines.fsdp2.adapter import clip_local_shards, sharded_cpu_adam
 from offloadlab.measure.links import (
     best_seconds,
     measure_adam_params_per_s,

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from offloadlab.engines import DistContext, build_engine
+from offloadlab.engines.base import build_engine
+from offloadlab.engines.dist import DistContext
 from offloadlab.spec import load_spec
 from offloadlab.workload.data import TokenSource
 

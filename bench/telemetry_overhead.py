@@ -27,7 +27,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from offloadlab.engines import DistContext, build_engine
+from offloadlab.engines.base import build_engine
+from offloadlab.engines.dist import DistContext
 from offloadlab.results.store import RunStore
 from offloadlab.spec import load_spec
 from offloadlab.telemetry.sampler import SamplerProcess

@@ -221,13 +221,14 @@ def tune(
     nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, verify: bool, out: Path | None, as_json: bool
 ) -> None:
     """Measure DeepSpeed aio settings on NVME and write the fastest as a config fragment."""
+    from offloadlab.engines.deepspeed.buffers import pinned_swap_bytes, tuned_buffers
     from offloadlab.engines.ops import announce_on
+    from offloadlab.plan.accounting import shape_of_spec
     from offloadlab.results.rundir import RunDir, signals_ignored
     from offloadlab.tune.folder import TuneFolder
     from offloadlab.tune.fragment import write_fragments
     from offloadlab.tune.search import Tuner, TuneSettings
-    from offloadlab.tune.swap_buffers import plan_swap_buffers
-    from offloadlab.tune.tables import plan_table, points_table, summary_table
+    from offloadlab.tune.sweep_tables import points_table, summary_table, swap_buffers_table
 
     if as_json:
         _stdout_for_json_only()
@@ -256,21 +257,23 @@ def tune(
         if isinstance(err, SpecError):
             _fail(str(err))
         raise
-    plan = plan_swap_buffers(spec, nvme_strategy, result.best.point) if nvme_strategy else None
+    plan = tuned_buffers(spec, nvme_strategy, result.best.point) if nvme_strategy else None
     toml_path, json_path = write_fragments(result, plan, folder.out_dir.root)
     store.set_run_spec(run_id, toml_path.read_text())
     store.upsert_tune_points(run_id, result.records())
     store.set_run_status(run_id, Status.DONE)
     if as_json:
-        click.echo(json.dumps(_tune_json(result, toml_path, plan), indent=2))
+        pinned = plan and pinned_swap_bytes(nvme_strategy, shape_of_spec(spec), spec.nproc, plan)
+        click.echo(json.dumps(_tune_json(result, toml_path, plan, pinned), indent=2))
     else:
         console.print(points_table(result))
         console.print(summary_table(result))
         if plan:
-            console.print(plan_table(plan))
+            console.print(swap_buffers_table(spec, nvme_strategy, plan, result.best.point))
         console.print(Text(f"fragment: {toml_path} (DeepSpeed JSON: {json_path}); run store: {folder.out_dir.root}"))
     if verify:
-        _verify_tuned(spec_path, toml_path, nvme_path, folder.out_dir.root, plan)
+        planned = pinned_swap_bytes(nvme_strategy, shape_of_spec(spec), spec.nproc, plan) if plan else None
+        _verify_tuned(spec_path, toml_path, nvme_path, folder.out_dir.root, planned)
 
 
 def _sweep_with_progress(tuner, store, run_id: int, workload: str):
@@ -293,7 +296,7 @@ def _sweep_with_progress(tuner, store, run_id: int, workload: str):
         return tuner.run()
 
 
-def _tune_json(result, fragment: Path, plan) -> dict:
+def _tune_json(result, fragment: Path, plan, pinned_bytes: float | None) -> dict:
     return {
         "fragment": str(fragment),
         "best": result.best.point.model_dump(),
@@ -303,7 +306,7 @@ def _tune_json(result, fragment: Path, plan) -> dict:
         "direct_io": dataclasses.asdict(result.direct_io),
         "seconds": result.seconds,
         "points": [p.as_dict() for p in result.records()],
-        "swap_buffers": plan and {**dataclasses.asdict(plan), "pinned_bytes": plan.pinned_bytes},
+        "swap_buffers": plan and {**dataclasses.asdict(plan), "pinned_bytes": pinned_bytes},
     }
 
 
@@ -517,7 +520,9 @@ def _nvme_param_strategy(spec):
     _fail(f"--spec: no strategy of {spec.name!r} has offload_param = \"nvme\"; swap buffers only matter there")
 
 
-def _verify_tuned(spec_path: Path, fragment: Path, nvme_path: Path, out_dir: Path, plan) -> None:
+def _verify_tuned(
+    spec_path: Path, fragment: Path, nvme_path: Path, out_dir: Path, planned_pinned: float | None
+) -> None:
     """Two real steps of the spec's NVMe strategies with the tuned fragment included, and the RAM DeepSpeed
     pinned for their swap buffers beside what the tune planned."""
     import tomllib
@@ -528,21 +533,20 @@ def _verify_tuned(spec_path: Path, fragment: Path, nvme_path: Path, out_dir: Pat
     from offloadlab.run.runner import Launch, run_spec
     from offloadlab.spec import apply_tuned, parse_spec
 
+    swapping = {s.name for s in load_spec(spec_path).strategy if s.uses_nvme}
     raw = tomllib.loads(spec_path.read_text())
     raw.update(steps=2, verify_checkpoint=False, nvme_path=str(nvme_path.resolve()), name="tune-verify")
     raw["strategy"] = [
-        apply_tuned(s | {"tuned": fragment.name}, fragment.parent)
-        for s in raw["strategy"]
-        if s.get("engine") == "deepspeed" and "nvme" in (s.get("offload_param"), s.get("offload_optimizer"))
+        apply_tuned(s | {"tuned": fragment.name}, fragment.parent) for s in raw["strategy"] if s["name"] in swapping
     ]
     run_dir = run_spec(parse_spec(raw, f"{spec_path} (tuned)"), out_dir / "verify", Launch(), console)
     summaries = summarize(RunStore(run_dir))
     console.print(compare_table(run_dir, summaries, _table_width()))
     for s in summaries:
-        if s.pinned_swap_bytes is not None and plan is not None:
+        if s.pinned_swap_bytes is not None and planned_pinned is not None:
             console.print(
                 f"{s.name}: DeepSpeed pinned {human_bytes(s.pinned_swap_bytes)} for its NVMe swap buffers; "
-                f"the tune planned {human_bytes(plan.pinned_bytes)}"
+                f"the tune planned {human_bytes(planned_pinned)}"
             )
     if any(s.status is not Status.DONE for s in summaries):
         _fail("the tuned settings did not train: see the table above")

@@ -231,8 +231,8 @@ def judged_again(folder: Path, gpu_mem: int) -> list:
 
 
 def plan_at(spec, machine, links):
+    from offloadlab.engines.deepspeed.buffers import buffers_for
     from offloadlab.plan.accounting import shape_of_spec
-    from offloadlab.plan.deepspeed import buffers_for
     from offloadlab.plan.predict import plan
 
     shape = shape_of_spec(spec)

@@ -146,7 +146,8 @@ DIGEST_PEAK_SCRIPT = """
 import json, sys
 from pathlib import Path
 from offloadlab.workload.data import TokenSource
-from offloadlab.engines import DistContext, build_engine
+from offloadlab.engines.base import build_engine
+from offloadlab.engines.dist import DistContext
 from offloadlab.engines.dist import end_rank
 from offloadlab.spec import load_spec
 from offloadlab.workload.model import vocab_size

@@ -21,7 +21,7 @@ from offloadlab.plan.accounting import GiB, Machine
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore
 from offloadlab.results.summary import summarize
-from offloadlab.run.runner import held_to_budget
+from offloadlab.run.preflight import held_to_budget
 from offloadlab.spec import SpecError, load_spec
 from offloadlab.train.gpu_budget import (
     GpuBudget,

@@ -1,9 +1,13 @@
-"""The architecture the folders promise, checked on the source: the read side imports no torch, the library
-never imports the TUI, strategy types are matched to engines in one place each, lines stay under 120."""
+"""The architecture the folders promise, checked on the source: every import follows the README's Layout
+table, the read side imports no torch, the library never imports the TUI, only the registry and the spec ask
+which engine a strategy is, each engine's folder implements the declared interfaces, lines stay under 120."""
 
 from __future__ import annotations
 
 import ast
+import inspect
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,25 +49,96 @@ def test_the_library_never_imports_the_tui():
         assert not tui, f"{path.relative_to(REPO)} imports {tui}"
 
 
-def test_results_import_only_results_and_the_spec():
-    """results/ is the bottom of the read side: it may not reach up into the pipelines that write it."""
-    for path in (REPO / "offloadlab" / "results").rglob("*.py"):
-        ours = {name for name in _imports(path) if name.startswith("offloadlab")}
-        assert all(name.startswith("offloadlab.results") or name == "offloadlab.spec" for name in ours), (path, ours)
+def _layout_table() -> dict[str, set[str]]:
+    """The README's Layout table: each part of offloadlab/ and the parts it may import."""
+    rows = re.findall(r"^\| `(\w+)(?:/|\.py)` \| .* \| ([^|]*) \|$", (REPO / "README.md").read_text(), re.M)
+    return {name: {part.strip() for part in imports.split(",")} - {"-"} for name, imports in rows}
 
 
-def test_strategy_types_are_matched_to_engines_only_where_engines_are_modelled():
-    """Outside engines/ (the engines) and plan/predict.py (the engines' plan models) nothing asks which type a
-    strategy is: it asks the engine or the strategy."""
-    allowed = {REPO / "offloadlab" / "engines" / "__init__.py", REPO / "offloadlab" / "plan" / "predict.py"}
+def _part(path: Path) -> str:
+    return path.relative_to(REPO / "offloadlab").parts[0].removesuffix(".py")
+
+
+def test_every_import_is_one_the_layout_table_allows():
+    """Lazy imports too (ast.walk sees imports inside functions)."""
+    allowed = _layout_table()
+    parts = {_part(p) for p in (REPO / "offloadlab").glob("*") if p.name not in ("__init__.py", "__pycache__")}
+    assert set(allowed) == parts
+    wrong = []
+    for path in (REPO / "offloadlab").rglob("*.py"):
+        part = _part(path)
+        for name in _imports(path):
+            target = name.split(".")[1] if name.startswith("offloadlab.") else part
+            if target != part and target not in allowed[part]:
+                wrong.append(f"{path.relative_to(REPO)} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_each_sub_package_says_what_it_may_import():
+    for name, allowed in _layout_table().items():
+        init = REPO / "offloadlab" / name / "__init__.py"
+        if init.exists():
+            said = re.search(r"May import: ([^.]*)\.", ast.get_docstring(ast.parse(init.read_text())) or "")
+            assert said, f"{init.relative_to(REPO)} does not say what it may import"
+            assert {p.strip() for p in said.group(1).split(",")} == allowed, name
+
+
+def test_only_the_registry_and_the_spec_ask_which_engine_a_strategy_is():
+    """No `.engine ==` or `["engine"] ==` comparisons, no isinstance or match on a strategy type, anywhere in
+    the library but the registry (engines/__init__.py) and the spec."""
+    allowed = {REPO / "offloadlab" / "engines" / "__init__.py", REPO / "offloadlab" / "spec.py"}
+    found = []
     for path in (REPO / "offloadlab").rglob("*.py"):
         if path in allowed:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
-                assert "Strategy" not in ast.unparse(node.args[1]), f"{path.relative_to(REPO)}:{node.lineno}"
-            if isinstance(node, ast.MatchClass):
-                assert "Strategy" not in ast.unparse(node.cls), f"{path.relative_to(REPO)}:{node.lineno}"
+                if "Strategy" in ast.unparse(node.args[1]):
+                    found.append(where)
+            if isinstance(node, ast.MatchClass) and "Strategy" in ast.unparse(node.cls):
+                found.append(where)
+            if isinstance(node, ast.Compare) and re.search(r"\bengine\W*$", ast.unparse(node.left)):
+                found.append(f"{where}: {ast.unparse(node)}")
+    assert not found, found
+
+
+def test_every_engine_implements_the_declared_interfaces():
+    from offloadlab.engines import ENGINES
+    from offloadlab.engines.base import Engine
+    from offloadlab.engines.protocols import EngineExporter, EnginePlacements, EnginePlanner
+
+    for record in ENGINES:
+        assert issubclass(record.adapter(), Engine), record.name
+        for module, protocol in (
+            (record.planner, EnginePlanner),
+            (record.placements, EnginePlacements),
+            (record.exporter, EngineExporter),
+        ):
+            for name, declared in inspect.getmembers(protocol, inspect.isfunction):
+                if name.startswith("_"):
+                    continue
+                implemented = getattr(module, name, None)
+                assert implemented is not None, f"{module.__name__} lacks {name}"
+                expected = [p for p in inspect.signature(declared).parameters if p != "self"]
+                assert list(inspect.signature(implemented).parameters) == expected, f"{module.__name__}.{name}"
+
+
+def test_the_wheel_holds_every_sub_package(tmp_path):
+    """pyproject finds the packages: a new folder is in the wheel without a hand-kept list."""
+    import zipfile
+
+    source = tmp_path / "source"  # a copy: the build leaves build/ and egg-info beside the sources
+    skipped = shutil.ignore_patterns(".*", "runs", "tests", "bench", "docs", "build", "*.egg-info", "__pycache__")
+    shutil.copytree(REPO, source, ignore=skipped)
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)]
+    subprocess.run([*build, str(source)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("offloadlab-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "offloadlab").rglob("__init__.py")}
+    missing = sorted(p for p in packages if f"{p}/__init__.py" not in names)
+    assert not missing, missing
+    assert {"offloadlab_tui/app.py", "offloadlab_tui/offloadlab.tcss", "offloadlab/examples/tiny_cpu.toml"} <= names
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(REPO)))

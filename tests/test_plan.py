@@ -20,12 +20,14 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 from rich.console import Console
 
 from conftest import cli, flat, load_bench, write_spec
-from offloadlab.plan import deepspeed, fsdp2
+from offloadlab.engines import engine_for
+from offloadlab.engines.deepspeed import planner as deepspeed
+from offloadlab.engines.deepspeed.buffers import buffers_for, sub_groups, swap_buffer_bytes
+from offloadlab.engines.fsdp2 import planner as fsdp2
 from offloadlab.plan.accounting import GiB, Links, Machine, Placement, Shape, shape_of_spec
-from offloadlab.plan.deepspeed import buffers_for
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
 from offloadlab.plan.output import plan_table
-from offloadlab.plan.predict import candidate_placements, engine_model, plan, predict, predict_step, why_winner
+from offloadlab.plan.predict import candidate_placements, plan, predict, predict_step, why_winner
 from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, load_spec
 from offloadlab.workload.model import GPT3_LEARNING_RATES, PRESETS, GPTConfig, gpt3_learning_rate
 
@@ -49,7 +51,7 @@ def _fsdp2(name: str, cpu_offload: bool = False) -> Placement:
 
 
 def step_bytes(placement: Placement, shape: Shape, world: int) -> dict[str, float]:
-    return engine_model(placement).step_bytes(placement, shape, world)
+    return engine_for(placement.strategy).planner.step_bytes(placement, shape, world)
 
 
 STATES = ("parameters", "gradients", "optimizer states", "gathered layer")
@@ -258,7 +260,7 @@ def test_nvme_bytes_per_step_follow_what_zero_infinity_swaps():
     # DeepSpeed's default max_in_cpu (1e9 elements) keeps a sub-group in RAM only if it fits whole, and its
     # sub-groups fill to at least sub_group_size (1e9): this model's first holds more than 1e9, so every
     # parameter is on NVMe with the default too (an H200 run wrote 25.50 GB a step, as predicted here).
-    first, second = deepspeed.sub_groups(shape, world=1)
+    first, second = sub_groups(shape, world=1)
     assert first >= 1e9 and first + second == n
     assert step_bytes(_zero("z3nn", 3, "nvme", "nvme"), shape, world=1) == on_disk
     # Room for the first sub-group keeps it in RAM; only the second travels.
@@ -298,7 +300,7 @@ def test_what_the_plan_calls_pinned_is_the_buffers_the_engines_pin(world):
     buffers = buffers_for(shape)
     offloading = [p for p in candidate_placements() if p.strategy.offloads]
     for p in offloading + [p.varied(f"{p.name}-pageable", pin_memory=False) for p in offloading]:
-        engine = engine_model(p)
+        engine = engine_for(p.strategy).planner
         m = engine.memory(p, shape, world, buffers, True)
         listed = sum(engine.pinned_buffers(p, shape, world, buffers))
         assert m.pinned_bytes == pytest.approx(listed, rel=1e-6), p.name
@@ -333,7 +335,7 @@ def test_a_partial_offload_moves_whole_sub_groups_and_the_gpu_updates_its_share_
     """stage3 sends sub-group i to the CPU when i >= int((1 - ratio) * count); torch's AdamW updates the
     rest on the GPU, one sub-group after another with the CPU's."""
     shape = _shape("gpt-1.4b")
-    first, second = deepspeed.sub_groups(shape, world=1)
+    first, second = sub_groups(shape, world=1)
     partial = _zero("zero3-opt-cpu-ratio0.3", 3, "cpu", ratio=0.3)
     memory = deepspeed.model_states(partial, shape, world=1)
     on_host = memory.host_pinned["optimizer states"] + memory.host_pageable["optimizer states"]
@@ -382,7 +384,7 @@ def test_a_written_placement_swapping_parameters_has_the_buffers_deepspeed_needs
         (tmp_path / "written.toml").write_text(tomli_w.dumps(raw))
         assert load_spec(tmp_path / "written.toml").strategy[0].buffer_count == written_count
     # The plan's pinned RAM holds the same buffers.
-    swap = deepspeed.swap_buffers(placement, shape, 1, buffers)["parameter swap buffers"]
+    swap = swap_buffer_bytes(placement, shape, 1, buffers)["parameter swap buffers"]
     assert swap == [shape.largest_param_numel * 2] * 33
 
 
@@ -610,7 +612,7 @@ H200_HOST_RSS = {
 def test_host_rss_holds_for_the_cuda_runtime_and_zero3s_pinned_gradient_buffer(store):
     """The CUDA runtime's resident bytes and ZeRO-3's 16-bit gradient buffer on the CPU were missing: the
     prediction ran 1.15x low for FSDP2 without offload and 1.60x low for the 8.07B partial offload."""
-    from offloadlab.plan.deepspeed import swap_buffers_of
+    from offloadlab.engines.deepspeed.buffers import swap_buffers_of
     from offloadlab.plan.predict import predict_memory
     from offloadlab.results.store import RunStore
     from offloadlab.results.summary import summarize
@@ -804,3 +806,22 @@ def test_the_predicted_step_holds_within_20_percent_of_the_h200_runs(tmp_path, c
         placement = Placement(spec.get_strategy(name), spec.model.activation_checkpointing)
         step = predict(placement, shape, machine, links).step
         assert 0.8 <= measured[name] / step.seconds <= 1.2, (name, measured[name], step.seconds)
+
+
+def test_plan_write_writes_the_files_it_wrote_before_the_engines_had_rooms(tmp_path):
+    """tests/golden/plan_write: what `write_plan` wrote for these inputs before each engine's knowledge moved
+    into its own folder (the paths of this test's folder written as TMP). Byte for byte."""
+    from offloadlab.plan.output import write_plan
+
+    batch = dict(seq_len=1024, micro_batch=4, grad_accum=1, precision="bf16", nvme_path=str(tmp_path))
+    spec = load_spec(write_spec(tmp_path, [dict(name="any", engine="fsdp2")], model=dict(preset="gpt-1.4b"), **batch))
+    shape, machine = shape_of_spec(spec), Machine(1, 80 * GiB, 512 * GiB, 1e13)
+    buffers = buffers_for(shape)
+    written = {}
+    for name in ("zero3-opt-nvme-param-nvme", "zero2-cpu", "fsdp2-cpu-offload"):
+        placement = next(p for p in candidate_placements() if p.name == name)
+        x = predict(placement, shape, machine, LINKS, buffers)
+        for path in write_plan(x, spec, tmp_path / "written", None, buffers):
+            written[path.name] = path.read_text().replace(str(tmp_path), "TMP")
+    golden = Path(__file__).parent / "golden" / "plan_write"
+    assert written == {p.name: p.read_text() for p in golden.iterdir()}

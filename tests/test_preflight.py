@@ -85,8 +85,8 @@ def test_too_few_parameter_swap_buffers_are_refused_before_deepspeed_would_stop_
     step 1 (27 s) and stopped at step 2 with 'Not enough buffers 0 for swapping 1'. The check's count is
     DeepSpeed's own boundary: one buffer fewer stops at the second micro-batch (the first traces the
     model), as many trains."""
+    from offloadlab.engines.deepspeed.buffers import params_held_at_turn, swapped_numels
     from offloadlab.plan.accounting import shape_of_spec
-    from offloadlab.plan.deepspeed import params_held_at_turn, swapped_numels
 
     def spec_with(buffers: int) -> Path:
         folder = tmp_path / f"buffers-{buffers}"

@@ -138,7 +138,7 @@ def test_modules_planted_in_the_current_folder_never_run(tmp_path):
 
 def test_the_restore_check_never_unpickles_code(tmp_path):
     """A .pt planted in a checkpoint folder was unpickled (weights_only=False) by the restore check."""
-    from offloadlab.engines.deepspeed_engine import digest_checkpoint_files
+    from offloadlab.engines.deepspeed.adapter import digest_checkpoint_files
 
     marker = tmp_path / "unpickled"
 

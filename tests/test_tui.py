@@ -591,10 +591,9 @@ def test_the_tune_screen_keeps_deepspeeds_default_in_view(tmp_path):
 def test_a_status_this_version_does_not_write_reads_as_unknown(tmp_path):
     """A store with status 'bogus' (a newer version's, or hand-edited) crashed compare, report and the TUI at
     start with "ValueError: 'bogus' is not a valid Status"."""
+    from conftest import write_spec
     from offloadlab.run.runner import spec_toml
     from offloadlab.spec import load_spec
-
-    from conftest import write_spec
 
     spec = load_spec(write_spec(tmp_path, [dict(name="fsdp2", engine="fsdp2")]))
     run_dir = tmp_path / "runs" / "edited"

@@ -13,11 +13,18 @@ from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
 
 from conftest import cli, start_cli, write_spec
 from offloadlab.checks.host import PreflightError, check_aio_contexts, check_pinned_memory
-from offloadlab.engines.deepspeed_engine import deepspeed_config
+from offloadlab.engines.deepspeed.buffers import (
+    max_params_in_window,
+    pinned_swap_bytes,
+    swap_buffer_bytes,
+    swapped_numels,
+    tuned_buffers,
+)
+from offloadlab.plan.accounting import Placement, shape_of_spec
+from offloadlab.engines.deepspeed.config import deepspeed_config
 from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT, check_io_size
 from offloadlab.spec import AioSettings, load_spec
 from offloadlab.tune.search import WORK_PREFIX, Tuner, TuneSettings, mixed_score, neighbours
-from offloadlab.tune.swap_buffers import max_params_in_window, plan_swap_buffers
 
 NVME_STRATEGY = dict(
     name="z3", engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme", buffer_size=1_000_000
@@ -185,14 +192,18 @@ def test_swap_buffers_cover_the_largest_parameter_and_the_live_window(tmp_path):
             seq_len=1024,
         )
     )
-    plan = plan_swap_buffers(spec, spec.strategy[0], AioSettings())
-    assert plan.buffer_size >= 50304 * 2048  # the embedding
-    assert plan.stage3_max_live_parameters < spec.strategy[0].stage3_max_live_parameters
-    assert plan.swapped_params == 24 * 4 + 3  # four matrices a block, two embeddings, the head
-    assert plan.param_pinned_bytes == plan.buffer_count * plan.buffer_size * 2
+    strategy, shape = spec.strategy[0], shape_of_spec(spec)
+    buffers = tuned_buffers(spec, strategy, AioSettings())
+    assert buffers.param_buffer_size >= 50304 * 2048  # the embedding
+    assert buffers.stage3_max_live_parameters < strategy.stage3_max_live_parameters
+    swapped = swapped_numels(shape, strategy, 1, AioSettings())
+    assert len(swapped) == 24 * 4 + 3  # four matrices a block, two embeddings, the head
+    pinned = swap_buffer_bytes(Placement(strategy), shape, 1, buffers)
+    assert sum(pinned["parameter swap buffers"]) == buffers.param_buffer_count * buffers.param_buffer_size * 2
     # One fp32 buffer per optimizer_buffer_count, each the largest sub-group (the whole 1.42B is two).
-    assert plan.optimizer_buffer_count == 4 and 1e9 <= plan.optimizer_buffer_numel < 1.1e9
-    assert plan.pinned_bytes == plan.param_pinned_bytes + 4 * plan.optimizer_buffer_numel * 4
+    (optimizer_buffer,) = set(pinned["optimizer swap buffers"])
+    assert len(pinned["optimizer swap buffers"]) == 4 and 4e9 <= optimizer_buffer < 4.4e9
+    assert pinned_swap_bytes(strategy, shape, 1, buffers) == sum(map(sum, pinned.values()))
 
 
 @pytest.mark.slow

@@ -1,33 +1,71 @@
-"""The engine adapters: DeepSpeed and FSDP2 behind one `Engine` interface, and DeepSpeed's compiled ops.
-`engine_class` is the one place a strategy type meets its engine; nothing outside this package asks which
-engine a strategy uses, it asks the engine (`Engine`'s class methods)."""
+"""The engines offloadlab drives, one folder each with the same file names:
+
+    adapter.py      builds and trains the strategy on a rank (torch): a subclass of `base.Engine`
+    config.py       the engine's own config files for users' scripts, Accelerate's sections (no torch)
+    planner.py      the planner's model of it: bytes by place, bytes over each link, its optimizer phase
+    placements.py   the placements the planner proposes, and the variants it weighs where one does not fit
+
+and `ENGINES`, the one registry: a record per engine naming its strategy type and the name of its adapter
+class. Everything else asks the registry (`engine_for(strategy)`) for an engine's parts, which are imported
+only when asked for, so that the read side (compare, report, the TUI) stays torch-free. Adding an engine
+is its strategy type in spec.py, its folder here, and its line in `ENGINES`.
+
+Shared by every engine: base.py (the `Engine` interface), protocols.py (the planner, placements and
+exporter interfaces), dist.py, digests.py, ops.py (DeepSpeed's compiled ops, which FSDP2 can use for its
+CPU Adam). May import: checks, plan, results, spec, telemetry, workload.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-from offloadlab.engines.base import Engine
-from offloadlab.engines.dist import DistContext
-from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, RunSpec, Strategy
+from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, Strategy
+
+if TYPE_CHECKING:
+    from offloadlab.engines.base import Engine
+    from offloadlab.engines.protocols import EngineExporter, EnginePlacements, EnginePlanner
 
 
-def engine_class(strategy: Strategy) -> type[Engine]:
+@dataclass(frozen=True)
+class EngineRecord:
+    name: str
+    """The spec's `engine` value, and the folder's name."""
+    strategy_type: type
+    adapter_class: str
+    """The `Engine` subclass in the folder's adapter.py."""
+
+    def _module(self, role: str) -> ModuleType:
+        return importlib.import_module(f"{__name__}.{self.name}.{role}")
+
+    def adapter(self) -> type[Engine]:
+        """The engine itself (imports torch and the engine's library)."""
+        return getattr(self._module("adapter"), self.adapter_class)
+
+    @property
+    def planner(self) -> EnginePlanner:
+        return self._module("planner")
+
+    @property
+    def placements(self) -> EnginePlacements:
+        return self._module("placements")
+
+    @property
+    def exporter(self) -> EngineExporter:
+        return self._module("config")
+
+
+ENGINES = (
+    EngineRecord("deepspeed", DeepSpeedStrategy, "DeepSpeedEngine"),
+    EngineRecord("fsdp2", FSDP2Strategy, "FSDP2Engine"),
+)
+
+
+def engine_for(strategy: Strategy) -> EngineRecord:
     """The engine a strategy runs on: the one place a strategy type is matched to its engine."""
-    match strategy:
-        case DeepSpeedStrategy():
-            from offloadlab.engines.deepspeed_engine import DeepSpeedEngine
-
-            return DeepSpeedEngine
-        case FSDP2Strategy():
-            from offloadlab.engines.fsdp2_engine import FSDP2Engine
-
-            return FSDP2Engine
-        case _:
-            raise ValueError(f"unknown strategy type {type(strategy).__name__}")
-
-
-def build_engine(spec: RunSpec, strategy: Strategy, ctx: DistContext, nvme_dir: Path | None) -> Engine:
-    return engine_class(strategy).build(spec, strategy, ctx, nvme_dir)
-
-
-__all__ = ["DistContext", "Engine", "build_engine", "engine_class"]
+    for record in ENGINES:
+        if isinstance(strategy, record.strategy_type):
+            return record
+    raise ValueError(f"no engine for strategy type {type(strategy).__name__}")

@@ -102,3 +102,10 @@ class Engine(ABC):
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def build_engine(spec, strategy, ctx: DistContext, nvme_dir: Path | None) -> Engine:
+    """The strategy's engine, built on this rank (collective)."""
+    from offloadlab.engines import engine_for
+
+    return engine_for(strategy).adapter().build(spec, strategy, ctx, nvme_dir)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, RunSpec, Strategy
+from offloadlab.spec import RunSpec, Strategy
 from offloadlab.workload.model import GPTConfig, gpt_config
 
 GiB = 1 << 30
@@ -174,39 +174,6 @@ class Placement:
         return Placement(strategy, checkpointing)
 
 
-def _zero(name: str, stage: int, optimizer: str = "none", param: str = "none") -> Placement:
-    return Placement(
-        DeepSpeedStrategy(
-            name=name, engine="deepspeed", zero_stage=stage, offload_optimizer=optimizer, offload_param=param
-        )
-    )
-
-
-def candidate_placements() -> list[Placement]:
-    """Every exact placement offloadlab can run: ZeRO 1/2/3 x none/cpu/nvme where DeepSpeed allows it, FSDP2 +-
-    offload (torch's or DeepSpeed's CPU Adam). ZenFlow and SuperOffload are weighed when a spec names them,
-    not proposed: ZenFlow is not exact AdamW, and neither beat ZeRO-2-cpu on the H200 (README)."""
-    out = [_zero("zero1", 1), _zero("zero1-cpu", 1, "cpu"), _zero("zero2", 2), _zero("zero2-cpu", 2, "cpu")]
-    for optimizer in ("none", "cpu", "nvme"):
-        for param in ("none", "cpu", "nvme"):
-            if optimizer == "none" and param != "none":
-                continue  # DeepSpeed offloads parameters only together with the optimizer
-            suffix = (
-                ""
-                if optimizer == param == "none"
-                else f"-opt-{optimizer}" + ("" if param == "none" else f"-param-{param}")
-            )
-            out.append(_zero(f"zero3{suffix}", 3, optimizer, param))
-    out += [
-        Placement(FSDP2Strategy(name="fsdp2", engine="fsdp2")),
-        Placement(FSDP2Strategy(name="fsdp2-cpu-offload", engine="fsdp2", cpu_offload=True)),
-        Placement(
-            FSDP2Strategy(name="fsdp2-cpu-offload-dsadam", engine="fsdp2", cpu_offload=True, cpu_optimizer="deepspeed")
-        ),
-    ]
-    return out
-
-
 @dataclass
 class Memory:
     """Bytes per rank by place and purpose (NVMe and host totals are per host: all its ranks)."""
@@ -272,13 +239,6 @@ def loss_bytes(shape: Shape) -> float:
     and their fp32 copy are freed by then; three fp32 logit-sized tensors are what torch's allocator history
     shows live at the H200's peak for Llama- and Qwen-shaped models)."""
     return shape.seq_len * shape.micro_batch * shape.vocab_size * 12
-
-
-@dataclass(frozen=True)
-class SwapBuffers:
-    param_buffer_count: int = 5
-    param_buffer_size: int = 100_000_000
-    optimizer_buffer_count: int = 4
 
 
 @dataclass(frozen=True)

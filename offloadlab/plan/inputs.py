@@ -12,6 +12,7 @@ import psutil
 from rich.console import Console
 
 from offloadlab.checks.host import pinned_sizes_exact
+from offloadlab.engines.deepspeed.buffers import SwapBuffers, buffers_for, swap_buffers_of
 from offloadlab.measure.links import measure_block_flops, nvme_from_tune_store
 from offloadlab.plan.accounting import (
     GiB,
@@ -19,13 +20,11 @@ from offloadlab.plan.accounting import (
     Machine,
     Placement,
     Shape,
-    SwapBuffers,
-    candidate_placements,
     compute_stand_in,
     shape_of_spec,
 )
-from offloadlab.plan.deepspeed import buffers_for, swap_buffers_of
-from offloadlab.plan.links import BLOCK_MEASURED, measure_links
+from offloadlab.plan.link_rates import BLOCK_MEASURED, measure_links
+from offloadlab.plan.predict import candidate_placements
 from offloadlab.results.store import DB_NAME
 from offloadlab.spec import ModelSpec, RunSpec, SpecError, load_spec, parse_spec
 from offloadlab.workload.hf import hf_folder

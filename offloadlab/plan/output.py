@@ -10,7 +10,9 @@ from pathlib import Path
 import tomli_w
 from rich.table import Table
 
-from offloadlab.plan.accounting import GiB, Links, Machine, Shape, SwapBuffers
+from offloadlab.engines import engine_for
+from offloadlab.engines.deepspeed.buffers import SwapBuffers
+from offloadlab.plan.accounting import GiB, Links, Machine, Shape
 from offloadlab.plan.inputs import PlanInputs
 from offloadlab.plan.predict import Prediction, usable, usable_text
 from offloadlab.results.summary import Planned
@@ -167,7 +169,7 @@ def run_spec_for(base: RunSpec, x: Prediction, tuned: Path | None, buffers: Swap
     return raw
 
 
-def _accelerate_yaml(x: Prediction, spec: RunSpec, deepspeed_json: Path | None) -> str:
+def _accelerate_yaml(spec: RunSpec, engine_lines: list[str]) -> str:
     lines = [
         "# For `accelerate launch --config_file THIS your_script.py`, written by offloadlab plan.",
         "compute_environment: LOCAL_MACHINE",
@@ -175,61 +177,22 @@ def _accelerate_yaml(x: Prediction, spec: RunSpec, deepspeed_json: Path | None) 
         "num_machines: 1",
         f"num_processes: {spec.nproc}",
         "use_cpu: false",
+        *engine_lines,
     ]
-    if deepspeed_json is not None:
-        # Precision comes from the DeepSpeed file; Accelerate refuses it twice. On a machine without a GPU
-        # the same file runs on DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu), as the tests do.
-        lines += [
-            "distributed_type: DEEPSPEED",
-            "deepspeed_config:",
-            f"  deepspeed_config_file: {deepspeed_json.resolve()}",
-            f"  zero3_init_flag: {'true' if x.placement.strategy.zero_stage == 3 else 'false'}",
-        ]
-    else:
-        lines += [
-            "distributed_type: FSDP",
-            f"mixed_precision: {'bf16' if spec.precision == 'bf16' else 'no'}",
-            "fsdp_config:",
-            "  fsdp_version: 2",
-            f"  fsdp_offload_params: {'true' if x.placement.strategy.cpu_offload else 'false'}",
-            "  fsdp_reshard_after_forward: true",
-            "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP",
-            "  fsdp_state_dict_type: SHARDED_STATE_DICT",
-            f"  fsdp_activation_checkpointing: {'true' if x.placement.activation_checkpointing else 'false'}",
-        ]
     return "\n".join(lines) + "\n"
 
 
-def accelerate_deepspeed_config(config: dict) -> dict:
-    """DeepSpeed's JSON for an Accelerate script: the script brings its optimizer and data loader, so the
-    optimizer block goes (Accelerate refuses one in both places) and the batch sizes are Accelerate's."""
-    out = {key: value for key, value in config.items() if key != "optimizer"}
-    out.update(train_micro_batch_size_per_gpu="auto", train_batch_size="auto", gradient_accumulation_steps="auto")
-    return out
-
-
 def write_plan(x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None, buffers: SwapBuffers) -> list[Path]:
-    from offloadlab.engines.deepspeed_engine import deepspeed_config
-
+    """The run spec, the engine's own files and the Accelerate config of a placement, in out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = run_spec_for(base, x, tuned, buffers)
     spec_path = out_dir / f"{x.placement.name}.toml"
     spec_path.write_text(f"# Written by offloadlab plan: {x.placement.name} ({x.binding})\n" + tomli_w.dumps(raw))
     spec = load_spec(spec_path)  # the written spec is one `offloadlab run` accepts, tuned include and all
-    written = [spec_path]
-    deepspeed_json = None
-    if x.placement.strategy.engine == "deepspeed":
-        config = deepspeed_config(
-            spec, spec.strategy[0], spec.nproc, spec.nvme_path if x.placement.strategy.uses_nvme else None
-        )
-        plain_json = out_dir / f"{x.placement.name}_deepspeed.json"  # for deepspeed.initialize(config=...)
-        plain_json.write_text(json.dumps(config, indent=2) + "\n")
-        deepspeed_json = out_dir / f"{x.placement.name}_accelerate_deepspeed.json"
-        deepspeed_json.write_text(json.dumps(accelerate_deepspeed_config(config), indent=2) + "\n")
-        written += [plain_json, deepspeed_json]
+    engine_files, engine_lines = engine_for(x.placement.strategy).exporter.export(spec, out_dir, x.placement.name)
     accelerate = out_dir / f"{x.placement.name}_accelerate.yaml"
-    accelerate.write_text(_accelerate_yaml(x, spec, deepspeed_json))
-    return written + [accelerate]
+    accelerate.write_text(_accelerate_yaml(spec, engine_lines))
+    return [spec_path, *engine_files, accelerate]
 
 
 def planned_for_spec(path: Path, spec: RunSpec, shape: Shape) -> dict[str, Planned]:

@@ -1,17 +1,17 @@
 """`offloadlab plan`: predicted memory per rank and a step-time lower bound for every placement, ranked.
 
-The engine models (`plan.deepspeed`, `plan.fsdp2`) say what each engine keeps where and moves over which
-link; this module adds what every placement shares (activations, the machine's constraints, the step's
-overlap) and picks. `engine_model` is the one place a strategy type meets its model.
+Each engine's planner (`engines/<name>/planner.py`, found through the registry) says what it keeps where and
+moves over which link; this module adds what every placement shares (activations, the machine's
+constraints, the step's overlap) and picks.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from types import ModuleType
 
-from offloadlab.plan import deepspeed, fsdp2
+from offloadlab.engines import ENGINES, engine_for
+from offloadlab.engines.deepspeed.buffers import SwapBuffers, buffers_for
 from offloadlab.plan.accounting import (
     GPU_USABLE_SHARE,
     HOST_BASELINE_CUDA_BYTES,
@@ -23,25 +23,16 @@ from offloadlab.plan.accounting import (
     Placement,
     Shape,
     StepPrediction,
-    SwapBuffers,
     activation_bytes,
-    candidate_placements,
     pinned_rounding_bytes,
 )
 from offloadlab.results.figures import flops_per_token
-from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy
 from offloadlab.workload.model import GPTConfig
 
 
-def engine_model(p: Placement) -> ModuleType:
-    """The module that models the placement's engine (memory, step_bytes, optimizer_phase, ...)."""
-    match p.strategy:
-        case DeepSpeedStrategy():
-            return deepspeed
-        case FSDP2Strategy():
-            return fsdp2
-        case _:
-            raise ValueError(f"no plan model for {type(p.strategy).__name__}")
+def candidate_placements() -> list[Placement]:
+    """Every exact placement offloadlab can run, each engine's in the registry's order."""
+    return [p for record in ENGINES for p in record.placements.candidates()]
 
 
 def predict_memory(
@@ -52,7 +43,7 @@ def predict_memory(
     on_gpu: bool = True,
     pinned_exact: bool = True,
 ) -> Memory:
-    engine = engine_model(p)
+    engine = engine_for(p.strategy).planner
     m = engine.memory(p, shape, world, buffers, on_gpu)
     m.add("gpu_turn", "activations", activation_bytes(shape, p.activation_checkpointing))
     if on_gpu:
@@ -70,7 +61,7 @@ def predict_step(p: Placement, shape: Shape, world: int, links: Links) -> StepPr
     follows backward: Adam where the optimizer lives, on the host with the passes around it (or the NVMe
     swap where that is longer) and the updated parameters' upload. An engine that runs part of its optimizer
     beside the next steps' training (ZenFlow) has that part in the overlapped maximum instead."""
-    engine = engine_model(p)
+    engine = engine_for(p.strategy).planner
     moved = engine.step_bytes(p, shape, world)
     tokens = shape.seq_len * shape.micro_batch * shape.grad_accum
     flops = flops_per_token(shape.n_params, shape.n_layers, shape.d_model, shape.seq_len) * tokens
@@ -201,14 +192,19 @@ def plan(
             )
             pred = checkpointed if checkpointed.fits else pred
         if not pred.fits and pred.constraints[0] == "host RAM":
-            pred = _first_fitting(engine_model(p).when_host_ram_binds(p), shape, machine, links, buffers) or pred
+            pred = (
+                _first_fitting(
+                    engine_for(p.strategy).placements.when_host_ram_binds(p), shape, machine, links, buffers
+                )
+                or pred
+            )
         out.append(pred)
         # Keeping part of the optimizer on a GPU with room to spare speeds a fitting placement up, and
         # rescues one that host RAM cannot hold.
         if (pred.fits or pred.constraints[0] == "host RAM") and machine.gpu_mem_bytes is not None:
             world = max(1, machine.gpus)
             spare = usable(machine)["GPU memory"] - pred.memory.gpu_bytes
-            partial = engine_model(p).partial_offloads(pred.placement, shape, world, spare)
+            partial = engine_for(p.strategy).placements.partial_offloads(pred.placement, shape, world, spare)
             out += [x for x in [_first_fitting(partial, shape, machine, links, buffers)] if x is not None]
     feasible = sorted((x for x in out if x.fits and x.step), key=lambda x: x.step.seconds)
     return feasible + [x for x in out if not (x.fits and x.step)]
@@ -255,7 +251,7 @@ def largest_model(
 
     def fits(cfg: GPTConfig) -> bool:
         shape = shape_of(cfg)
-        return any(x.fits for x in plan(shape, machine, links, deepspeed.buffers_for(shape)))
+        return any(x.fits for x in plan(shape, machine, links, buffers_for(shape)))
 
     ordered = sorted(presets.items(), key=lambda kv: kv[1].n_params)
     fitting = [(name, cfg) for name, cfg in ordered if fits(cfg)]
@@ -274,7 +270,7 @@ def largest_model(
 def one_more_layer(cfg: GPTConfig, shape_of, machine: Machine, links: Links | None) -> tuple[Shape, list[Prediction]]:
     """The plan for cfg with one more layer: past `plan --largest`'s pick, where each placement stops fitting."""
     shape = shape_of(replace(cfg, n_layers=cfg.n_layers + 1))
-    return shape, plan(shape, machine, links, deepspeed.buffers_for(shape))
+    return shape, plan(shape, machine, links, buffers_for(shape))
 
 
 def _most_layers(cfg: GPTConfig, fits) -> int:

@@ -457,6 +457,13 @@ class RunStore:
         rows = self.conn.execute(query + " ORDER BY step, rank", args).fetchall()
         return [StepRecord(**{k: r[k] for k in r.keys() if k not in ("strategy_id", "rank")}) for r in rows]
 
+    def steps_trained(self, strategy_id: int) -> int:
+        """The last training step rank 0 recorded (0 before the first)."""
+        row = self.conn.execute(
+            "SELECT MAX(step) FROM steps WHERE strategy_id = ? AND rank = 0 AND phase = 'train'", (strategy_id,)
+        ).fetchone()
+        return row[0] or 0
+
     def newest_sample_t(self, strategy_id: int) -> float:
         """The time of the strategy's last sample (an index seek), -inf before the first."""
         row = self.conn.execute(

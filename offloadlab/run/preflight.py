@@ -5,7 +5,11 @@ strategy's swap and checkpoint."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
 
 from offloadlab.checks.host import (
     PreflightError,
@@ -14,10 +18,16 @@ from offloadlab.checks.host import (
     check_free_disk,
     check_memlock,
 )
-from offloadlab.engines import engine_class
-from offloadlab.plan.accounting import Placement, Shape, shape_of_spec
-from offloadlab.plan.deepspeed import params_held_at_turn, swap_buffers, swap_buffers_of, swapped_numels
+from offloadlab.engines import engine_for
+from offloadlab.engines.deepspeed.buffers import (
+    params_held_at_turn,
+    swap_buffer_bytes,
+    swap_buffers_of,
+    swapped_numels,
+)
+from offloadlab.plan.accounting import GiB, Machine, Placement, Shape, shape_of_spec
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
+from offloadlab.train.gpu_budget import holds_a_gpu_of
 
 
 def check_buffer_fits_largest_param(strategy: DeepSpeedStrategy, largest_param_numel: int) -> None:
@@ -50,7 +60,7 @@ def check_swap_buffers_lockable(spec: RunSpec, strategy: DeepSpeedStrategy, shap
     `ulimit -l`, or the rank aborts at start ("mlock failed to allocate"). Whether they fit the RAM is the
     plan's fit check, which `--force` overrides."""
     placement = Placement(strategy, spec.model.activation_checkpointing)
-    sizes = swap_buffers(placement, shape, spec.nproc, swap_buffers_of(strategy, shape)).values()
+    sizes = swap_buffer_bytes(placement, shape, spec.nproc, swap_buffers_of(strategy, shape)).values()
     try:
         check_memlock(int(sum(size for buffers in sizes for size in buffers)))
     except PreflightError as err:
@@ -72,7 +82,7 @@ def check_disk_for_run(spec: RunSpec, run_dir: Path, n_params: int) -> None:
     nvme_fs = spec.nvme_path if any(s.uses_nvme for s in spec.strategy) else None
     same_fs = nvme_fs is not None and os.stat(nvme_fs).st_dev == os.stat(run_fs).st_dev
     for strategy in spec.strategy:
-        engine = engine_class(strategy)
+        engine = engine_for(strategy).adapter()
         swap = 1.1 * engine.swap_bytes(strategy, n_params, param_bytes)
         checkpoint = engine.checkpoint_bytes(strategy, n_params, param_bytes) if spec.verify_checkpoint else 0
         fix = " (or set verify_checkpoint = false, or pass --out on another drive)" if checkpoint else ""
@@ -130,3 +140,47 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> Shape:
         check_swap_buffers_lockable(spec, strategy, shape)
     check_disk_for_run(spec, run_dir, shape.n_params)
     return shape
+
+
+def held_to_budget(spec: RunSpec, machine: Machine, console: Console) -> Machine:
+    """The machine as the spec's GPU memory budget leaves it, said before the run starts."""
+    budget = spec.gpu_memory_limit_gib
+    if budget is None:
+        return machine
+    if machine.gpu_mem_bytes is None:
+        console.print(f"  gpu_memory_limit_gib = {budget:g} is not enforced: this machine has no CUDA GPU")
+        return machine
+    if not holds_a_gpu_of(budget, machine.gpu_mem_bytes):
+        console.print(
+            f"  gpu_memory_limit_gib = {budget:g} is not below this GPU's {machine.gpu_mem_bytes / GiB:.1f} GiB: "
+            "the whole GPU is used"
+        )
+        return machine
+    console.print(f"  every rank is held to {budget:g} GiB of its GPU's {machine.gpu_mem_bytes / GiB:.1f}")
+    return replace(machine, gpu_mem_bytes=budget * GiB)
+
+
+def check_fits(spec: RunSpec, shape: Shape, console: Console, force: bool) -> None:
+    """Ask the planner before any process starts: refuse a spec none of whose strategies fits this machine,
+    and say which ones are predicted not to fit."""
+    from offloadlab.engines.deepspeed.buffers import swap_buffers_of
+    from offloadlab.plan.accounting import Placement
+    from offloadlab.plan.inputs import detect_machine
+    from offloadlab.plan.predict import predict
+
+    machine = held_to_budget(spec, detect_machine(spec.nproc, None, None, spec.nvme_path), console)
+    unfit = {}
+    for s in spec.strategy:
+        prediction = predict(
+            Placement(s, spec.model.activation_checkpointing), shape, machine, None, swap_buffers_of(s, shape)
+        )
+        if not prediction.fits:
+            unfit[s.name] = prediction.binding
+    if len(unfit) == len(spec.strategy) and not force:
+        needs = "; ".join(f"{name} needs {binding}" for name, binding in unfit.items())
+        raise PreflightError(
+            f"the plan says no strategy of this spec fits this machine ({needs}). "
+            "'offloadlab plan SPEC' shows what does; --force runs it anyway"
+        )
+    for name, binding in unfit.items():
+        console.print(f"  {name}: the plan predicts it does not fit ({escape(binding)}); running it to see")

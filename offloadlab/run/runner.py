@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomli_w
@@ -29,17 +29,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from offloadlab.checks.host import PINNED_EXACT_ABOVE, sets_pinned_exact
-from offloadlab.engines import engine_class
+from offloadlab.engines import engine_for
 from offloadlab.engines.ops import announce_on, ensure_built
-from offloadlab.plan.accounting import GiB, Machine, Shape
 from offloadlab.results.rundir import RunDir, RunDirError, is_disk_full, signals_ignored
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore, StoreError, is_run_store
 from offloadlab.results.summary import Planned, record_plan
 from offloadlab.results.tables import human_bytes
-from offloadlab.run.preflight import PreflightError, preflight_run
+from offloadlab.run.preflight import check_fits, preflight_run
 from offloadlab.spec import RunSpec
-from offloadlab.train.gpu_budget import holds_a_gpu_of
 
 
 def worker_env(environ, tmp: Path) -> dict[str, str]:
@@ -258,7 +256,7 @@ class Runner:
 
     def _restores_at_world_1(self, job: StrategyJob) -> bool:
         """One host only: the check runs where rank 0 saved."""
-        engine = engine_class(self.spec.get_strategy(job.name))
+        engine = engine_for(self.spec.get_strategy(job.name)).adapter()
         return self.spec.nproc > 1 and self.launch.nnodes == 1 and engine.restores_at_other_world_size
 
     def _launch(self, job: StrategyJob, mode: str, progress: Progress, task, nproc: int | None = None) -> int:
@@ -297,11 +295,11 @@ class Runner:
             )
             while job.proc.poll() is None:
                 if task is not None:
-                    progress.update(task, completed=self._steps_done(job))
+                    progress.update(task, completed=self.store.steps_trained(job.strategy_id))
                     self._print_new_steps(job)
                 time.sleep(0.3)
         if task is not None:
-            progress.update(task, completed=self._steps_done(job))
+            progress.update(task, completed=self.store.steps_trained(job.strategy_id))
             self._print_new_steps(job)
         rc, job.proc = job.proc.returncode, None
         return rc
@@ -323,12 +321,6 @@ class Runner:
                 f"host {human_bytes(r.host_rss_peak_bytes)}"
             )
             job.steps_printed = r.step
-
-    def _steps_done(self, job: StrategyJob) -> int:
-        row = self.store.conn.execute(
-            "SELECT MAX(step) FROM steps WHERE strategy_id = ? AND rank = 0 AND phase = 'train'", (job.strategy_id,)
-        ).fetchone()
-        return row[0] or 0
 
     def _exit_reason(self, rc: int, log: Path) -> tuple[Status, str]:
         """Why a job ended without recording a result itself (it was killed, or crashed before the store)."""
@@ -373,50 +365,6 @@ class Runner:
         left = [p for p in [*job.created, *folders] if p.exists()]
         job.created = [p for p in job.created if p.exists()]
         return left
-
-
-def held_to_budget(spec: RunSpec, machine: Machine, console: Console) -> Machine:
-    """The machine as the spec's GPU memory budget leaves it, said before the run starts."""
-    budget = spec.gpu_memory_limit_gib
-    if budget is None:
-        return machine
-    if machine.gpu_mem_bytes is None:
-        console.print(f"  gpu_memory_limit_gib = {budget:g} is not enforced: this machine has no CUDA GPU")
-        return machine
-    if not holds_a_gpu_of(budget, machine.gpu_mem_bytes):
-        console.print(
-            f"  gpu_memory_limit_gib = {budget:g} is not below this GPU's {machine.gpu_mem_bytes / GiB:.1f} GiB: "
-            "the whole GPU is used"
-        )
-        return machine
-    console.print(f"  every rank is held to {budget:g} GiB of its GPU's {machine.gpu_mem_bytes / GiB:.1f}")
-    return replace(machine, gpu_mem_bytes=budget * GiB)
-
-
-def check_fits(spec: RunSpec, shape: Shape, console: Console, force: bool) -> None:
-    """Ask the planner before any process starts: refuse a spec none of whose strategies fits this machine,
-    and say which ones are predicted not to fit."""
-    from offloadlab.plan.accounting import Placement
-    from offloadlab.plan.deepspeed import swap_buffers_of
-    from offloadlab.plan.inputs import detect_machine
-    from offloadlab.plan.predict import predict
-
-    machine = held_to_budget(spec, detect_machine(spec.nproc, None, None, spec.nvme_path), console)
-    unfit = {}
-    for s in spec.strategy:
-        prediction = predict(
-            Placement(s, spec.model.activation_checkpointing), shape, machine, None, swap_buffers_of(s, shape)
-        )
-        if not prediction.fits:
-            unfit[s.name] = prediction.binding
-    if len(unfit) == len(spec.strategy) and not force:
-        needs = "; ".join(f"{name} needs {binding}" for name, binding in unfit.items())
-        raise PreflightError(
-            f"the plan says no strategy of this spec fits this machine ({needs}). "
-            "'offloadlab plan SPEC' shows what does; --force runs it anyway"
-        )
-    for name, binding in unfit.items():
-        console.print(f"  {name}: the plan predicts it does not fit ({escape(binding)}); running it to see")
 
 
 def sweep_dead_runs(parent: Path, console: Console) -> None:

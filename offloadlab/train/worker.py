@@ -25,8 +25,9 @@ from pathlib import Path
 
 import psutil
 
-from offloadlab.engines import DistContext, Engine, build_engine, engine_class
-from offloadlab.engines.dist import end_rank
+from offloadlab.engines import engine_for
+from offloadlab.engines.base import Engine, build_engine
+from offloadlab.engines.dist import DistContext, end_rank
 from offloadlab.results.figures import MODEL_FACTS_EVENT, ModelFacts
 from offloadlab.results.rundir import RunDir, is_disk_full
 from offloadlab.results.status import Status
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             spec, strategy, ctx, budget, store, strategy_id, args.run_dir, args.nvme_dir
         )
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then re-raised as an exit code
-        status, reason = classify_failure(exc, engine_class(strategy), budget)
+        status, reason = classify_failure(exc, engine_for(strategy).adapter(), budget)
         if args.mode == "verify":
             store.set_checkpoint_result(strategy_id, False, f"restore failed: {reason}")
         else:

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import tomli_w
 
+from offloadlab.engines.deepspeed.buffers import SwapBuffers
+from offloadlab.engines.deepspeed.config import tuned_keys
 from offloadlab.tune.search import TuneResult
-from offloadlab.tune.swap_buffers import SwapBufferPlan
 
 FRAGMENT_TOML = "tuned.toml"
 FRAGMENT_JSON = "tuned_deepspeed.json"
 
 
-def fragment(result: TuneResult, plan: SwapBufferPlan | None) -> dict:
+def fragment(result: TuneResult, plan: SwapBuffers | None) -> dict:
     best = result.best
     out = {
         "measured": {
@@ -35,19 +36,7 @@ def fragment(result: TuneResult, plan: SwapBufferPlan | None) -> dict:
     return out
 
 
-def deepspeed_fragment(result: TuneResult, plan: SwapBufferPlan | None) -> dict:
-    """The same settings under DeepSpeed's own JSON keys, to merge into a hand-written config."""
-    out: dict = {"aio": result.best.point.model_dump()}
-    if plan is not None:
-        out["zero_optimization"] = {
-            "offload_param": {"buffer_size": plan.buffer_size, "buffer_count": plan.buffer_count},
-            "stage3_max_live_parameters": plan.stage3_max_live_parameters,
-            "stage3_max_reuse_distance": plan.stage3_max_reuse_distance,
-        }
-    return out
-
-
-def write_fragments(result: TuneResult, plan: SwapBufferPlan | None, out_dir: Path) -> tuple[Path, Path]:
+def write_fragments(result: TuneResult, plan: SwapBuffers | None, out_dir: Path) -> tuple[Path, Path]:
     toml_path, json_path = out_dir / FRAGMENT_TOML, out_dir / FRAGMENT_JSON
     toml_path.write_text(
         "# Written by offloadlab tune. Include it from a run spec's strategy: tuned = \""
@@ -55,5 +44,5 @@ def write_fragments(result: TuneResult, plan: SwapBufferPlan | None, out_dir: Pa
         + "\"\n"
         + tomli_w.dumps(fragment(result, plan))
     )
-    json_path.write_text(json.dumps(deepspeed_fragment(result, plan), indent=2) + "\n")
+    json_path.write_text(json.dumps(tuned_keys(result.best.point, plan), indent=2) + "\n")
     return toml_path, json_path

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from offloadlab.engines.deepspeed.buffers import SAFETY_BUFFERS, SwapBuffers, swap_buffer_bytes, swapped_numels
 from offloadlab.measure.aio_bench import Throughput
+from offloadlab.plan.accounting import Placement, shape_of_spec
+from offloadlab.spec import AioSettings, DeepSpeedStrategy, RunSpec
 from offloadlab.tune.search import PointResult, TuneResult, mixed_score
-from offloadlab.tune.swap_buffers import SwapBufferPlan
 
 
 def _row(
@@ -62,28 +64,27 @@ def summary_table(result: TuneResult) -> Table:
     return table
 
 
-def plan_table(plan: SwapBufferPlan) -> Table:
+def swap_buffers_table(spec: RunSpec, strategy: DeepSpeedStrategy, buffers: SwapBuffers, aio: AioSettings) -> Table:
+    """The buffers the tune sized for the spec's NVMe strategy, and the pinned RAM they take."""
+    shape = shape_of_spec(spec)
+    pinned = swap_buffer_bytes(Placement(strategy), shape, spec.nproc, buffers)
+    swapped = len(swapped_numels(shape, strategy, spec.nproc, aio))
     table = Table(title="parameter swap buffers (offload_param = nvme)", header_style="bold")
     table.add_column("setting")
     table.add_column("value", justify="right")
     table.add_column("why")
     table.add_row(
-        "buffer_size", f"{plan.buffer_size:,}", f"largest parameter {plan.largest_param_numel:,} elements, aligned"
+        "buffer_size",
+        f"{buffers.param_buffer_size:,}",
+        f"largest parameter {shape.largest_param_numel:,} elements, aligned",
     )
     table.add_row(
-        "buffer_count", str(plan.buffer_count), f"parameters live at once (of {plan.swapped_params} swapped) + 2"
+        "buffer_count",
+        str(buffers.param_buffer_count),
+        f"parameters live at once (of {swapped} swapped) + {SAFETY_BUFFERS}",
     )
-    table.add_row("stage3_max_live_parameters", f"{plan.stage3_max_live_parameters:,}", "about four blocks")
-    table.add_row("stage3_max_reuse_distance", f"{plan.stage3_max_reuse_distance:,}", "same window")
-    table.add_row(
-        "pinned RAM, parameters",
-        f"{plan.param_pinned_bytes / 2**30:.2f} GiB",
-        "buffer_size x buffer_count x element size",
-    )
-    if plan.optimizer_buffer_count:
-        table.add_row(
-            "pinned RAM, optimizer",
-            f"{plan.optimizer_pinned_bytes / 2**30:.2f} GiB",
-            f"optimizer_buffer_count x largest sub-group ({plan.optimizer_buffer_numel:,}) x 4 B",
-        )
+    table.add_row("stage3_max_live_parameters", f"{buffers.stage3_max_live_parameters:,}", "about four blocks")
+    table.add_row("stage3_max_reuse_distance", f"{buffers.stage3_max_reuse_distance:,}", "same window")
+    for what, sizes in pinned.items():
+        table.add_row(f"pinned RAM, {what}", f"{sum(sizes) / 2**30:.2f} GiB", f"{len(sizes)} x {sizes[0]:,.0f} B")
     return table

@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from offloadlab.plan.accounting import Links, Memory, Placement, Shape, SwapBuffers, loss_bytes, pinned_if_asked
-from offloadlab.spec import AioSettings, DeepSpeedStrategy, ZenFlowSettings
+from offloadlab.engines.deepspeed.buffers import SwapBuffers, params_swapped, sub_groups, swap_buffer_bytes
+from offloadlab.plan.accounting import Links, Memory, Placement, Shape, loss_bytes, pinned_if_asked
+from offloadlab.spec import ZenFlowSettings
 
 # DeepSpeed's default reduce_bucket_size (offloadlab leaves it alone), in elements of the model's dtype.
 DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
@@ -48,32 +49,8 @@ class ModelStateBytes:
         return cls(param=param_bytes, grad=param_bytes)
 
 
-MIN_SWAPPED_BYTES = 1 << 20  # DeepSpeed keeps smaller parameters in RAM (MIN_AIO_BYTES)
-
-
 def _place_of(device: str) -> str:
     return {"none": "gpu", "cpu": "host_pinned", "nvme": "nvme"}[device]
-
-
-def _sub_group_members(partitions: list[int], size: int) -> list[list[int]]:
-    """Indices of the parameters in each ZeRO-3 sub-group (see sub_groups)."""
-    if sum(partitions) <= size:
-        return [list(range(len(partitions)))]
-    groups, current, numel = [], [], 0
-    for i, n in enumerate(partitions):
-        current.append(i)
-        numel += n
-        if numel >= size:
-            groups, current, numel = groups + [current], [], 0
-    return groups + ([current] if current else [])
-
-
-def sub_groups(shape: Shape, world: int, size: int = 1_000_000_000) -> list[int]:
-    """A rank's ZeRO-3 sub-groups in elements, as DeepSpeed forms them (stage3._create_fp16_sub_groups):
-    parameter partitions, in the model's order, collected until a group reaches `size` (the strategy's
-    sub_group_size; DeepSpeed's default 1e9)."""
-    partitions = [math.ceil(numel / world) for numel in shape.param_numels]
-    return [sum(partitions[i] for i in members) for members in _sub_group_members(partitions, size)]
 
 
 def host_optimizer_share(p: Placement, shape: Shape, world: int) -> float:
@@ -121,73 +98,6 @@ def gathers_copies(p: Placement, world: int) -> bool:
 def params_on_nvme(p: Placement, shape: Shape, world: int) -> float:
     """Parameter elements DeepSpeed really keeps on NVMe, all ranks."""
     return world * sum(math.ceil(shape.param_numels[i] / world) for i in params_swapped(p, shape, world))
-
-
-def params_swapped(p: Placement, shape: Shape, world: int) -> list[int]:
-    """Indices (in shape.param_numels) of the parameters DeepSpeed keeps on NVMe.
-
-    DeepSpeed pins a max_in_cpu buffer but gives a sub-group a place in it only if the whole sub-group fits
-    in what is left (stage3._create_fp16_partitions_with_defragmentation). Sub-groups are filled to at least
-    sub_group_size, so with the defaults (both 1e9) a rank with more than 1e9 elements keeps none of them in
-    RAM: a 1.42B GPT puts all its parameters on NVMe (measured on an H200: 25.50 GB written per step,
-    0.004% from this), and a model under 1e9 elements none.
-    """
-    if p.strategy.offload_param != "nvme":
-        return []
-    partitions = [math.ceil(numel / world) for numel in shape.param_numels]
-    room = max(1, min(sum(partitions), p.strategy.max_in_cpu))  # DeepSpeed's empty buffer has 1 element
-    used, on_disk = 0, []
-    for members in _sub_group_members(partitions, p.strategy.sub_group_size):
-        group = sum(partitions[i] for i in members)
-        if used + group > room:
-            on_disk += members
-        used += group
-    return on_disk
-
-
-def swapped_numels(shape: Shape, strategy: DeepSpeedStrategy, nproc: int, aio: AioSettings) -> list[int]:
-    """Elements of each parameter DeepSpeed swaps through the buffers every step, in the model's order: those
-    the max_in_cpu buffer has no room for (plan.deepspeed.params_swapped) whose rank's partition reaches the
-    smallest aio transfer, max(1 MiB, the aio block size) (partitioned_param_swapper.swappable_tensor)."""
-    min_bytes = max(MIN_SWAPPED_BYTES, aio.block_size)
-    on_disk = [shape.param_numels[i] for i in params_swapped(Placement(strategy), shape, nproc)]
-    return [n for n in on_disk if -(-n // nproc) * shape.param_bytes >= min_bytes]
-
-
-def params_held_at_turn(swapped: list[int], strategy: DeepSpeedStrategy) -> int:
-    """The fewest swap buffers a traced step needs: where forward turns into backward DeepSpeed still holds
-    every parameter used again within stage3_max_reuse_distance elements, i.e. those within half of it of
-    forward's end, and fetches the next one. (stage3_max_live_parameters and the prefetch bucket only limit
-    prefetching, which waits for free buffers.) Measured on this machine's CPU with max_in_cpu = 0, 10 swapped
-    parameters: a window over the whole model needs all 10 (9 stop), 3e5 elements run with one buffer;
-    on an H200, the 1.42B GPT with DeepSpeed's 1e9 window stopped with 16 buffers (this asks 33)."""
-    tail, held = 0, 0
-    for numel in reversed(swapped):
-        tail += numel
-        if tail > strategy.stage3_max_reuse_distance // 2:
-            break
-        held += 1
-    return min(held + 1, len(swapped)) if swapped else 1
-
-
-def buffers_for(shape: Shape) -> SwapBuffers:
-    """The parameter buffers a placement swapping its parameters needs at DeepSpeed's default windows: each
-    widened to the largest parameter, and as many as it holds at the forward/backward turn (at least
-    DeepSpeed's default 5); what `plan --write` writes for such a placement."""
-    default = DeepSpeedStrategy(name="default", engine="deepspeed", offload_optimizer="nvme", offload_param="nvme")
-    held = params_held_at_turn(swapped_numels(shape, default, 1, AioSettings()), default)
-    return SwapBuffers(
-        param_buffer_count=max(SwapBuffers().param_buffer_count, held),
-        param_buffer_size=max(SwapBuffers().param_buffer_size, shape.largest_param_numel),
-    )
-
-
-def swap_buffers_of(strategy, shape: Shape) -> SwapBuffers:
-    """The parameter swap buffers a strategy asks for when it swaps parameters to NVMe, else the ones
-    buffers_for sizes."""
-    if strategy is not None and strategy.swaps_parameters:
-        return SwapBuffers(strategy.buffer_count, strategy.buffer_size, strategy.optimizer_buffer_count)
-    return buffers_for(shape)
 
 
 def model_states(p: Placement, shape: Shape, world: int) -> Memory:
@@ -275,24 +185,9 @@ def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, 
         )
     # ZeRO-1/2 build the fp32 model on the CPU first; ZeRO-3's zero.Init partitions it at construction.
     m.host_build_bytes = 0 if p.strategy.zero_stage == 3 else 4 * shape.n_params
-    for what, sizes in swap_buffers(p, shape, world, buffers).items():
+    for what, sizes in swap_buffer_bytes(p, shape, world, buffers).items():
         m.add("host_pinned", what, sum(sizes))
     return m
-
-
-def swap_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None) -> dict[str, list[float]]:
-    """Bytes of each NVMe swap buffer of a rank, which DeepSpeed page-locks with mlock (its pin_memory op)
-    whatever `pin_memory` says: the parameter swapper's buffer_count buffers of buffer_size, and the
-    optimizer swapper's, each the largest sub-group's fp32 partition."""
-    out: dict[str, list[float]] = {}
-    if buffers is None:
-        return out
-    if p.strategy.offload_param == "nvme":
-        out["parameter swap buffers"] = [buffers.param_buffer_size * shape.param_bytes] * buffers.param_buffer_count
-    if p.strategy.offload_optimizer == "nvme":
-        sub_group = max(sub_groups(shape, world, p.strategy.sub_group_size))
-        out["optimizer swap buffers"] = [4 * sub_group] * buffers.optimizer_buffer_count
-    return out
 
 
 def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None) -> list[float]:
@@ -313,7 +208,7 @@ def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers 
         out.append(b * n / world)
     if s.offload_param == "nvme":
         out.append(b * min(n / world, s.max_in_cpu))
-    return out + [size for sizes in swap_buffers(p, shape, world, buffers).values() for size in sizes]
+    return out + [size for sizes in swap_buffer_bytes(p, shape, world, buffers).values() for size in sizes]
 
 
 def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
@@ -438,27 +333,3 @@ def overlapped_with_training(p: Placement) -> tuple[str, ...]:
     if p.strategy.zenflow is not None and p.strategy.zenflow.overlap_step:
         return ("cpu_adam", "host_passes")
     return ()
-
-
-def when_host_ram_binds(p: Placement) -> list[Placement]:
-    """DeepSpeed keeps up to max_in_cpu parameter elements pinned in RAM even "on NVMe": put them all there."""
-    return [p.varied(f"{p.name}-max_in_cpu0", max_in_cpu=0)] if p.strategy.offload_param == "nvme" else []
-
-
-def partial_offloads(p: Placement, shape: Shape, world: int, spare_gpu_bytes: float) -> list[Placement]:
-    """ZeRO-3 with the optimizer on the CPU, but only the share (ratio) that does not fit in the GPU's spare
-    bytes: the candidate ratios, smallest first. DeepSpeed moves whole sub-groups (host_optimizer_share), so
-    the first tenth that covers the need may still keep too much on the GPU: the next ones up follow."""
-    if (
-        p.strategy.zero_stage != 3
-        or p.strategy.offload_optimizer != "cpu"
-        or p.strategy.offload_param != "none"
-        or p.activation_checkpointing
-    ):
-        return []
-    optimizer_bytes = ModelStateBytes.deepspeed(shape.param_bytes).optimizer * shape.n_params / world
-    keep_share = min(1.0, spare_gpu_bytes / optimizer_bytes) if optimizer_bytes else 0.0
-    return [
-        p.varied(f"zero3-opt-cpu-ratio{tenths / 10:g}", ratio=tenths / 10)
-        for tenths in range(max(1, math.ceil((1 - keep_share) * 10)), 10)
-    ]

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from offloadlab.engines.base import Engine
+from offloadlab.engines.deepspeed.config import deepspeed_config
 from offloadlab.engines.digests import digest_tree, tensor_digest
 from offloadlab.engines.dist import DistContext, global_mean
 from offloadlab.engines.ops import choose_deepspeed_accelerator, load_op
@@ -27,76 +28,6 @@ from offloadlab.workload.model import lm_loss, model_factory
 CHECKPOINT_TAG = "state"
 # Bytes per parameter DeepSpeed keeps in the NVMe swap folder: fp32 master, Adam m and v, fp32 gradient.
 OPTIMIZER_SWAP_BYTES_PER_PARAM = 16
-
-
-def deepspeed_config(spec: RunSpec, strategy: DeepSpeedStrategy, world_size: int, nvme_dir: Path | None) -> dict:
-    """The DeepSpeed JSON config for a strategy: the one place its keys are spelled."""
-    zero: dict = {
-        "stage": strategy.zero_stage,
-        "contiguous_gradients": True,
-        "overlap_comm": True,
-    }
-    if strategy.offload_optimizer != "none":
-        zero["offload_optimizer"] = {
-            "device": strategy.offload_optimizer,
-            "pin_memory": strategy.pin_memory,
-            "ratio": strategy.ratio,
-            **(
-                {
-                    "nvme_path": str(nvme_dir),
-                    "buffer_count": strategy.optimizer_buffer_count,
-                    "pipeline_read": strategy.pipeline_read,
-                    "pipeline_write": strategy.pipeline_write,
-                }
-                if strategy.offload_optimizer == "nvme"
-                else {}
-            ),
-            **(
-                {"super_offload": True, "cpuadam_cores_perc": strategy.cpuadam_cores_perc}
-                if strategy.super_offload
-                else {}
-            ),
-        }
-    if strategy.zenflow is not None:
-        zero["zenflow"] = strategy.zenflow.model_dump()
-    if strategy.offload_param != "none":
-        zero["offload_param"] = {
-            "device": strategy.offload_param,
-            "pin_memory": strategy.pin_memory,
-            **(
-                {
-                    "nvme_path": str(nvme_dir),
-                    "buffer_count": strategy.buffer_count,
-                    "buffer_size": strategy.buffer_size,
-                    "max_in_cpu": strategy.max_in_cpu,
-                }
-                if strategy.offload_param == "nvme"
-                else {}
-            ),
-        }
-    if strategy.zero_stage == 3:
-        zero.update(
-            stage3_max_live_parameters=strategy.stage3_max_live_parameters,
-            stage3_max_reuse_distance=strategy.stage3_max_reuse_distance,
-            stage3_prefetch_bucket_size=strategy.stage3_prefetch_bucket_size,
-            stage3_param_persistence_threshold=0,
-            sub_group_size=strategy.sub_group_size,
-        )
-    return {
-        "train_micro_batch_size_per_gpu": spec.micro_batch,
-        "gradient_accumulation_steps": spec.grad_accum,
-        "train_batch_size": spec.micro_batch * spec.grad_accum * world_size,
-        "gradient_clipping": spec.grad_clip,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": spec.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": spec.weight_decay},
-        },
-        "bf16": {"enabled": spec.precision == "bf16"},
-        "zero_optimization": zero,
-        "aio": strategy.aio.model_dump(),
-        "steps_per_print": 2**31 - 1,
-        "wall_clock_breakdown": False,
-    }
 
 
 class DeepSpeedEngine(Engine):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from offloadlab.plan.accounting import Links, Memory, Placement, Shape, SwapBuffers, pinned_if_asked
+from offloadlab.plan.accounting import Links, Memory, Placement, Shape, pinned_if_asked
 
 # FSDP2's forward over the same model's without it (ZeRO-2, parameters on the GPU), 1.42B GPT (24 blocks and
 # the root), one micro-batch, on two 16-core H200 hosts: 0.035 against 0.018 s; forward and backward
@@ -20,7 +20,7 @@ FSDP2_HOOK_S_PER_UNIT = 1.4e-3
 FSDP2_CPU_STEP_OVER_PROBES = {"deepspeed": 2.05, "torch": 1.55}
 
 
-def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None) -> list[float]:
+def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: object | None) -> list[float]:
     """CPUOffloadPolicy pins each parameter's fp32 shard and its gradient's, one buffer each (with its
     pin_memory)."""
     if not (p.strategy.cpu_offload and p.strategy.pin_memory):
@@ -41,7 +41,7 @@ def adamw_temporary_numel(p: Placement, shape: Shape, on_gpu: bool) -> int:
     return 2 * shape.largest_param_numel
 
 
-def memory(p: Placement, shape: Shape, world: int, buffers: SwapBuffers | None, on_gpu: bool) -> Memory:
+def memory(p: Placement, shape: Shape, world: int, buffers: object | None, on_gpu: bool) -> Memory:
     """fp32 shards of the parameters and of Adam's m and v, held; the fp32 gradient shards exist from the
     last micro-batch's backward to zero_grad. Without offload the peak is that step (H200, 1.42B: 26.46 GiB
     measured, 20 bytes a parameter = 26.45 GiB), with CPUOffloadPolicy it is the turn."""
@@ -114,11 +114,3 @@ def serial_in_training(p: Placement, shape: Shape, world: int, links: Links) -> 
 
 def overlapped_with_training(p: Placement) -> tuple[str, ...]:
     return ()
-
-
-def when_host_ram_binds(p: Placement) -> list[Placement]:
-    return []
-
-
-def partial_offloads(p: Placement, shape: Shape, world: int, spare_gpu_bytes: float) -> list[Placement]:
-    return []

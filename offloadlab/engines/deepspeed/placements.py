@@ -1,0 +1,59 @@
+"""The DeepSpeed placements the planner proposes, and the variants it weighs where one does not fit."""
+
+from __future__ import annotations
+
+import math
+
+from offloadlab.engines.deepspeed.planner import ModelStateBytes
+from offloadlab.plan.accounting import Placement, Shape
+from offloadlab.spec import DeepSpeedStrategy
+
+
+def _zero(name: str, stage: int, optimizer: str = "none", param: str = "none") -> Placement:
+    return Placement(
+        DeepSpeedStrategy(
+            name=name, engine="deepspeed", zero_stage=stage, offload_optimizer=optimizer, offload_param=param
+        )
+    )
+
+
+def candidates() -> list[Placement]:
+    """Every exact ZeRO placement: 1/2/3 x none/cpu/nvme where DeepSpeed allows it. ZenFlow and SuperOffload
+    are weighed when a spec names them, not proposed: ZenFlow is not exact AdamW, and neither beat
+    ZeRO-2-cpu on the H200 (bench/results)."""
+    out = [_zero("zero1", 1), _zero("zero1-cpu", 1, "cpu"), _zero("zero2", 2), _zero("zero2-cpu", 2, "cpu")]
+    for optimizer in ("none", "cpu", "nvme"):
+        for param in ("none", "cpu", "nvme"):
+            if optimizer == "none" and param != "none":
+                continue  # DeepSpeed offloads parameters only together with the optimizer
+            suffix = (
+                ""
+                if optimizer == param == "none"
+                else f"-opt-{optimizer}" + ("" if param == "none" else f"-param-{param}")
+            )
+            out.append(_zero(f"zero3{suffix}", 3, optimizer, param))
+    return out
+
+
+def when_host_ram_binds(p: Placement) -> list[Placement]:
+    """DeepSpeed keeps up to max_in_cpu parameter elements pinned in RAM even "on NVMe": put them all there."""
+    return [p.varied(f"{p.name}-max_in_cpu0", max_in_cpu=0)] if p.strategy.offload_param == "nvme" else []
+
+
+def partial_offloads(p: Placement, shape: Shape, world: int, spare_gpu_bytes: float) -> list[Placement]:
+    """ZeRO-3 with the optimizer on the CPU, but only the share (ratio) that does not fit in the GPU's spare
+    bytes: the candidate ratios, smallest first. DeepSpeed moves whole sub-groups (host_optimizer_share), so
+    the first tenth that covers the need may still keep too much on the GPU: the next ones up follow."""
+    if (
+        p.strategy.zero_stage != 3
+        or p.strategy.offload_optimizer != "cpu"
+        or p.strategy.offload_param != "none"
+        or p.activation_checkpointing
+    ):
+        return []
+    optimizer_bytes = ModelStateBytes.deepspeed(shape.param_bytes).optimizer * shape.n_params / world
+    keep_share = min(1.0, spare_gpu_bytes / optimizer_bytes) if optimizer_bytes else 0.0
+    return [
+        p.varied(f"zero3-opt-cpu-ratio{tenths / 10:g}", ratio=tenths / 10)
+        for tenths in range(max(1, math.ceil((1 - keep_share) * 10)), 10)
+    ]

@@ -1,0 +1,25 @@
+"""FSDP2's side of what offloadlab writes for users' own scripts: the FSDP sections of an Accelerate config.
+No torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from offloadlab.spec import RunSpec
+
+
+def export(spec: RunSpec, out_dir: Path, name: str) -> tuple[list[Path], list[str]]:
+    """No file of its own (Accelerate's FSDP plugin takes its settings inline); the Accelerate lines."""
+    strategy = spec.strategy[0]
+    lines = [
+        "distributed_type: FSDP",
+        f"mixed_precision: {'bf16' if spec.precision == 'bf16' else 'no'}",
+        "fsdp_config:",
+        "  fsdp_version: 2",
+        f"  fsdp_offload_params: {'true' if strategy.cpu_offload else 'false'}",
+        "  fsdp_reshard_after_forward: true",
+        "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP",
+        "  fsdp_state_dict_type: SHARDED_STATE_DICT",
+        f"  fsdp_activation_checkpointing: {'true' if spec.model.activation_checkpointing else 'false'}",
+    ]
+    return [], lines
