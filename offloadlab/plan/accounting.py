@@ -151,8 +151,16 @@ def decoder_block_activation_bytes(config, param_bytes: int) -> int:
     d, heads = config.hidden_size, config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or d // heads
     kv = getattr(config, "num_key_value_heads", None) or heads
-    elements = 8 * d + 2 * kv * head_dim + 4 * config.intermediate_size + 2 * head_dim
+    elements = 8 * d + 2 * kv * head_dim + 4 * _ffn_width(config) + 2 * head_dim
     return param_bytes * elements + 4 * (2 + heads) + (4 * d if param_bytes == 2 else 0)
+
+
+def _ffn_width(config) -> int:
+    """The MLP's inner width under each family's name for it (GPT-2's n_inner may be None: 4 x the width)."""
+    for key in ("intermediate_size", "ffn_hidden_size", "n_inner"):
+        if getattr(config, key, None):
+            return getattr(config, key)
+    return 4 * config.hidden_size
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from offloadlab.plan.link_rates import BLOCK_MEASURED, measure_links
 from offloadlab.plan.predict import candidate_placements
 from offloadlab.results.store import DB_NAME
 from offloadlab.spec import ModelSpec, RunSpec, SpecError, load_spec, parse_spec
-from offloadlab.workload.hf import hf_folder
+from offloadlab.workload.hf import check_hf_model, hf_folder
 from offloadlab.workload.model import PRESETS, GPTConfig, gpt3_learning_rate
 
 
@@ -138,6 +138,8 @@ class PlanInputs:
         if r.gpu_mem_gib:  # planned for a GPU of this size: the spec `--write` emits is held to it
             spec = spec.model_copy(update={"gpu_memory_limit_gib": r.gpu_mem_gib})
         nvme_path = r.nvme_path or (spec.nvme_path if r.spec_path is not None else None)
+        if spec.model.is_hf:  # what `run` refuses, the plan refuses too
+            check_hf_model(spec.model, reads_text=spec.data.kind == "text")
         cfg = compute_stand_in(spec)
         shape = shape_of_spec(spec)
         gpus = r.gpus or (spec.nproc if r.spec_path else None)

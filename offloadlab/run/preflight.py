@@ -117,14 +117,9 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> Shape:
     """Everything `offloadlab run` can check before it starts a process; run_dir need not exist yet.
     Returns the model's shape, which the fit check reads too (built once: an HF config is read for it)."""
     if spec.model.is_hf:
-        from offloadlab.workload.hf import check_hf_folder
+        from offloadlab.workload.hf import check_hf_model
 
-        check_hf_folder(spec.model.hf_path, with_weights=spec.model.hf_model is not None)
-        if spec.data.kind == "text":
-            from offloadlab.workload.data import load_tokenizer
-            from offloadlab.workload.hf import hf_folder
-
-            load_tokenizer(hf_folder(spec.model.hf_path))
+        check_hf_model(spec.model, reads_text=spec.data.kind == "text")
     check_gpu_only_strategies(spec)
     shape = shape_of_spec(spec)
     nvme = [s for s in spec.strategy if s.uses_nvme]

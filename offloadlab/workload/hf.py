@@ -16,6 +16,7 @@ Why the weights are loaded after the engine builds the model, not by the model's
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -59,6 +60,21 @@ def check_hf_folder(path: Path, with_weights: bool) -> None:
         )
 
 
+def check_hf_model(spec: ModelSpec, reads_text: bool) -> None:
+    """What `plan` and `run` both check of a Hugging Face model before any process starts: the folder, a
+    model_type transformers builds, weights that fill the model, and (for text data) the tokenizer."""
+    check_hf_folder(spec.hf_path, with_weights=spec.hf_model is not None)
+    folder = hf_folder(spec.hf_path)
+    config = load_config(folder)
+    causal_lm_class(config)
+    if spec.hf_model is not None:
+        check_checkpoint_fills(folder, config)
+    if reads_text:
+        from offloadlab.workload.data import load_tokenizer
+
+        load_tokenizer(folder)
+
+
 def weight_files(folder: Path) -> list[Path]:
     index = folder / WEIGHTS_INDEX
     if index.is_file():
@@ -74,7 +90,18 @@ def load_config(folder: Path):
     try:
         return AutoConfig.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError) as err:
-        raise SpecError(f"{folder}: transformers cannot read this config ({err})") from None
+        # transformers' message runs to several lines of advice about upgrading: its first says what is wrong.
+        first = (str(err).strip() or type(err).__name__).splitlines()[0]
+        raise SpecError(
+            f"{folder}: transformers {_transformers_version()} cannot read this config ({first}): "
+            "upgrade transformers if it names a model type it does not know"
+        ) from None
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def spec_config(spec: ModelSpec):
@@ -132,16 +159,33 @@ def _largest_module_list(module: nn.Module) -> nn.ModuleList:
     return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
-def hf_factory(spec: ModelSpec, seed: int) -> Callable[[], HFCausalLM]:
-    """Everything imported and read now; the returned call only builds (under zero.Init if one is open)."""
+def hf_factory(spec: ModelSpec, seed: int, values_copied_in: bool = False) -> Callable[[], HFCausalLM]:
+    """Everything imported and read now; the returned call only builds (under zero.Init if one is open).
+    values_copied_in: the engine copies every weight in after the build (ZeRO-3), so transformers' own
+    init is skipped: it writes into parameters zero.Init has already partitioned (zeroing the padding row of
+    an embedding with pad_token_id set failed with 'index 2 is out of bounds for dimension 0 with size 0')."""
     config = spec_config(spec)
     model_class = causal_lm_class(config)
 
     def build() -> HFCausalLM:
         torch.manual_seed(seed)
-        return HFCausalLM(model_class, config)
+        if not values_copied_in:
+            return HFCausalLM(model_class, config)
+        with _no_init_weights():
+            model = HFCausalLM(model_class, config)
+        model.inner.tie_weights()  # part of the init skipped: tied embeddings are one parameter again
+        return model
 
     return build
+
+
+def _no_init_weights():
+    """transformers' own switch for building a model whose weights are loaded afterwards."""
+    try:
+        from transformers.initialization import no_init_weights  # transformers 5
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights  # transformers 4
+    return no_init_weights()
 
 
 def meta_model(config) -> HFCausalLM:
@@ -174,13 +218,56 @@ class SafetensorsState(Mapping):
         return len(self._where)
 
 
+def checkpoint_names(folder: Path, model: HFCausalLM) -> set[str]:
+    """The names of the model's tensors that the checkpoint's files fill: their own names, or where those
+    are not the model's, the names transformers' own key conversion gives them when it loads (it saves
+    Mixtral's and Qwen-MoE's experts and GPT-NeoX's head under older names, and fuses experts on load)."""
+    keys = set(SafetensorsState(folder))
+    if {name for name, _ in model.inner.named_parameters()} <= keys:
+        return keys
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+    except ImportError:  # transformers 4 loads such checkpoints under their own names
+        return keys
+    transforms = get_model_conversion_mapping(model.inner)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    meta_state = model.inner.state_dict()
+    prefix = model.inner.base_model_prefix
+    return {rename_source_key(key, renamings, converters, prefix, meta_state)[0] for key in keys}
+
+
+def check_checkpoint_fills(folder: Path, config) -> None:
+    """Before any process starts: every parameter of the model the config builds is in the checkpoint."""
+    model = meta_model(config)
+    missing = sorted({name for name, _ in model.inner.named_parameters()} - checkpoint_names(folder, model))
+    if missing:
+        raise SpecError(
+            f"model.hf_model {folder}: its weights lack {len(missing)} of the model's parameters, e.g. "
+            f"{missing[:3]}, even under transformers' key conversion: its config.json and its weights do not match"
+        )
+
+
+def converted_state(folder: Path) -> Mapping[str, torch.Tensor]:
+    """The checkpoint's tensors under the model's names, as transformers' from_pretrained converts them (on
+    the CPU, the whole model at once: only for checkpoints whose own names are not the model's)."""
+    config = load_config(folder)
+    model = causal_lm_class(config).from_pretrained(folder, local_files_only=True, dtype="auto")
+    return {name: tensor.detach() for name, tensor in model.state_dict().items()}
+
+
 def initial_state(spec: ModelSpec, seed: int, built_empty: bool) -> Mapping[str, torch.Tensor] | None:
-    """The weights a model must start from when its own build does not give them: a checkpoint's always;
+    """The weights a model must start from when its own build does not give them: a checkpoint's always
+    (read a tensor at a time where its names are the model's, else converted by transformers);
     for random weights, those of the same seeded build on the CPU when the engine builds the model without
     values (ZeRO-3 partitions each parameter as it is created; FSDP2 builds on the meta device). None: the
     build already holds them (GPT presets init before partitioning)."""
     if spec.hf_model is not None:
-        return SafetensorsState(hf_folder(spec.hf_model))
+        folder = hf_folder(spec.hf_model)
+        files = SafetensorsState(folder)
+        names = {name for name, _ in meta_model(load_config(folder)).inner.named_parameters()}
+        return files if names <= set(files) else converted_state(folder)
     if spec.hf_config is not None and built_empty:
         return {name: t.detach() for name, t in hf_factory(spec, seed)().inner.state_dict().items()}
     return None

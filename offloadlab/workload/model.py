@@ -171,13 +171,14 @@ def gpt_config(spec: ModelSpec, seq_len: int) -> GPTConfig:
     return cfg
 
 
-def model_factory(spec: ModelSpec, seq_len: int, seed: int) -> Callable[[], nn.Module]:
+def model_factory(spec: ModelSpec, seq_len: int, seed: int, values_copied_in: bool = False) -> Callable[[], nn.Module]:
     """A call that builds the spec's model on the current default device (under zero.Init each leaf is
-    partitioned once built). Config files are read and model code imported now, before any zero.Init."""
+    partitioned once built). Config files are read and model code imported now, before any zero.Init.
+    values_copied_in: the engine copies a Hugging Face model's weights in afterwards (see hf_factory)."""
     if spec.is_hf:
         from offloadlab.workload.hf import hf_factory
 
-        build = hf_factory(spec, seed)
+        build = hf_factory(spec, seed, values_copied_in)
     else:
         cfg = gpt_config(spec, seq_len)
 

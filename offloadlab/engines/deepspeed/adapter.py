@@ -236,8 +236,9 @@ def build_deepspeed(
     ds_logger.setLevel(logging.WARNING)
     deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo", verbose=False)
     config = deepspeed_config(spec, strategy, ctx.world_size, nvme_dir)
-    build = model_factory(spec.model, spec.seq_len, spec.seed)  # model code imported before zero.Init
     partitioned = strategy.zero_stage == 3
+    # Model code imported before zero.Init; under it every weight is copied in after the build.
+    build = model_factory(spec.model, spec.seq_len, spec.seed, values_copied_in=partitioned)
     if partitioned:
         with deepspeed.zero.Init(config_dict_or_path=config):
             model = build()
