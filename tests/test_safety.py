@@ -421,10 +421,10 @@ def test_a_spec_of_30000_strategies_loads_in_under_a_second(tmp_path):
 
     spec = write_spec(tmp_path, [FSDP2 | {"name": f"s{i}"} for i in range(30_000)])
     seconds = []
-    for _ in range(2):  # the faster of two: a machine busy elsewhere does not fail the test
-        start = time.perf_counter()
+    for _ in range(2):  # CPU time, the less of two: other processes on a busy machine do not count
+        start = time.process_time()
         assert len(load_spec(spec).strategy) == 30_000
-        seconds.append(time.perf_counter() - start)
+        seconds.append(time.process_time() - start)
     assert min(seconds) < 1.0, seconds
 
 
