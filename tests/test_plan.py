@@ -420,7 +420,7 @@ def test_plan_writes_a_spec_offloadlab_runs_and_configs_deepspeed_and_accelerate
 @pytest.mark.slow
 def test_plan_without_spec_or_model_names_the_fix():
     proc = cli("plan", check=False)
-    assert proc.returncode == 2 and "plan needs a SPEC or --model PRESET" in proc.stdout
+    assert proc.returncode == 2 and "plan needs a SPEC or --model PRESET" in proc.stderr
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from pathlib import Path
 import tomli_w
 from rich.table import Table
 
+from offloadlab.checks.host import check_new_files
 from offloadlab.plan.accounting import GiB, Links, Machine, Shape, SwapBuffers
 from offloadlab.plan.inputs import PlanInputs
 from offloadlab.plan.predict import Prediction, usable, usable_text
@@ -208,28 +209,38 @@ def accelerate_deepspeed_config(config: dict) -> dict:
     return out
 
 
-def write_plan(x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None, buffers: SwapBuffers) -> list[Path]:
+def plan_files(x: Prediction, out_dir: Path) -> list[Path]:
+    """What `plan --write` writes for a placement: its run spec, for DeepSpeed its JSON (for
+    deepspeed.initialize(config=...)) and Accelerate's version of it, and the Accelerate config."""
+    name = x.placement.name
+    is_deepspeed = x.placement.strategy.engine == "deepspeed"
+    deepspeed = [f"{name}_deepspeed.json", f"{name}_accelerate_deepspeed.json"] if is_deepspeed else []
+    return [out_dir / n for n in (f"{name}.toml", *deepspeed, f"{name}_accelerate.yaml")]
+
+
+def write_plan(
+    x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None, buffers: SwapBuffers, force: bool
+) -> list[Path]:
+    """force: overwrite files of those names the folder holds (the user's, or an earlier plan's)."""
     from offloadlab.engines.deepspeed_engine import deepspeed_config
 
+    files = plan_files(x, out_dir)
+    check_new_files(out_dir, [path.name for path in files], force)
     out_dir.mkdir(parents=True, exist_ok=True)
+    spec_path, *deepspeed_files, accelerate = files
     raw = run_spec_for(base, x, tuned, buffers)
-    spec_path = out_dir / f"{x.placement.name}.toml"
     spec_path.write_text(f"# Written by offloadlab plan: {x.placement.name} ({x.binding})\n" + tomli_w.dumps(raw))
     spec = load_spec(spec_path)  # the written spec is one `offloadlab run` accepts, tuned include and all
-    written = [spec_path]
     deepspeed_json = None
-    if x.placement.strategy.engine == "deepspeed":
+    if deepspeed_files:
+        plain_json, deepspeed_json = deepspeed_files
         config = deepspeed_config(
             spec, spec.strategy[0], spec.nproc, spec.nvme_path if x.placement.strategy.uses_nvme else None
         )
-        plain_json = out_dir / f"{x.placement.name}_deepspeed.json"  # for deepspeed.initialize(config=...)
         plain_json.write_text(json.dumps(config, indent=2) + "\n")
-        deepspeed_json = out_dir / f"{x.placement.name}_accelerate_deepspeed.json"
         deepspeed_json.write_text(json.dumps(accelerate_deepspeed_config(config), indent=2) + "\n")
-        written += [plain_json, deepspeed_json]
-    accelerate = out_dir / f"{x.placement.name}_accelerate.yaml"
     accelerate.write_text(_accelerate_yaml(x, spec, deepspeed_json))
-    return written + [accelerate]
+    return files
 
 
 def planned_for_spec(path: Path, spec: RunSpec, shape: Shape) -> dict[str, Planned]:
