@@ -9,7 +9,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from rich.console import Console
@@ -31,11 +33,26 @@ def _table_width() -> int:
     return min(int(os.environ.get("COLUMNS", console.width)), console.width)
 
 
-def _fail(message: str) -> None:
+# Errors go to stderr: stdout carries what a command answers (its tables, --json), never a failure.
+error_console = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    """End the command with one line on stderr: exit 2 for input it cannot use, 1 for work that failed."""
     # One line, however long: a hard wrap put a newline at a place that moved with the path's length
-    # (and the console's width), inside the very fix the message names.
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    sys.exit(2)
+    # (and the console's width), inside the very fix the message names; a message of several lines (an
+    # OSError's, a library's) is joined.
+    error_console.print(f"[bold red]error:[/] {escape(' '.join(message.split()))}", soft_wrap=True)
+    sys.exit(code)
+
+
+@contextlib.contextmanager
+def _refusing_bad_input() -> Iterator[None]:
+    """Input the command cannot use (a SpecError: the spec, a flag, a path) ends it with one line, exit 2."""
+    try:
+        yield
+    except SpecError as err:
+        _fail(str(err))
 
 
 @contextlib.contextmanager
@@ -97,11 +114,21 @@ def _signal_as_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+# The commands that build or load DeepSpeed's ops.
+USES_OPS = {"run", "tune", "plan", "doctor"}
+
+
 @click.group()
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Fit, tune and compare DeepSpeed ZeRO-Infinity and FSDP2 offload on the same model."""
+    from offloadlab.checks.host import check_torch_extensions_dir
+
     signal.signal(signal.SIGTERM, _signal_as_interrupt)
     signal.signal(signal.SIGHUP, _signal_as_interrupt)
+    if ctx.invoked_subcommand in USES_OPS:
+        with _refusing_bad_input():
+            check_torch_extensions_dir()  # the user's own: checked before offloadlab sets one (ops.py)
 
 
 @main.command()
@@ -112,6 +139,12 @@ def main() -> None:
 @click.option("--node-rank", default=0, show_default=True)
 @click.option("--master-addr", help="Address of node 0, for several hosts.")
 @click.option("--master-port", default=29500, show_default=True)
+@click.option(
+    "--rdzv-timeout",
+    default=300,
+    show_default=True,
+    help="With several hosts: seconds each waits for the others to join before the run stops.",
+)
 @click.option("--force", is_flag=True, help="Run even when the plan says no strategy fits this machine.")
 @click.option(
     "--gpu-mem",
@@ -132,6 +165,7 @@ def run(
     node_rank: int,
     master_addr: str | None,
     master_port: int,
+    rdzv_timeout: int,
     force: bool,
     gpu_mem: float | None,
     plan_path: Path | None,
@@ -140,35 +174,33 @@ def run(
     import sqlite3
 
     from offloadlab.results.tables import compare_table
-    from offloadlab.run.runner import Launch, run_spec
+    from offloadlab.run.runner import Launch, RendezvousError, run_spec
 
     try:
+        launch = Launch(nnodes, node_rank, master_addr, master_port, rdzv_timeout)
         spec = load_spec(spec_path)
         if gpu_mem is not None:
             spec = spec.model_copy(update={"gpu_memory_limit_gib": gpu_mem})
-        run_dir = run_spec(
-            spec, out, Launch(nnodes, node_rank, master_addr, master_port), console, keep_checkpoints, force, plan_path
-        )
+        run_dir = run_spec(spec, out, launch, console, keep_checkpoints, force, plan_path)
     except SpecError as err:
         _fail(str(err))
     except KeyboardInterrupt:
         sys.exit(130)  # the runner said what it stopped and removed
+    except RendezvousError as err:  # the runner cleaned up and marked the run interrupted
+        _fail(str(err), code=1)
     except sqlite3.OperationalError as err:  # the run store's disk filled: the runner cleaned up first
-        console.print(
-            f"[bold red]error:[/] the run stopped: its store could not be written ({escape(str(err))}); "
-            "free space on the run folder's drive (or pass --out on another) and run again"
+        _fail(
+            f"the run stopped: its store could not be written ({err}); "
+            "free space on the run folder's drive (or pass --out on another) and run again",
+            code=1,
         )
-        sys.exit(1)
     summaries = _read_summaries(run_dir)
     console.print(compare_table(run_dir, summaries, _table_width()))
     console.print(Text(f"run store: {run_dir}"))
     # "does not fit" is an answer about the model; a failure or an unverified restore is something to fix.
     broken = [s.name for s in summaries if s.status is Status.FAILED or s.checkpoint_verified is False]
     if broken:
-        console.print(
-            Text.assemble(("failed: ", "bold red"), f"{', '.join(broken)} (reasons above; logs in {run_dir / 'logs'})")
-        )
-        sys.exit(1)
+        _fail(f"{', '.join(broken)} failed (reasons above; logs in {run_dir / 'logs'})", code=1)
 
 
 @main.command()
@@ -190,11 +222,15 @@ def compare(run_dir: Path, as_json: bool) -> None:
 @click.option("--out", type=click.Path(path_type=Path), help="The HTML file (default RUN_DIR/report.html).")
 def report(run_dir: Path, out: Path | None) -> None:
     """Write a self-contained HTML report with plots of every strategy side by side."""
+    from offloadlab.checks.host import check_file_to_write
     from offloadlab.results.report import write_report
 
+    out = out or run_dir / "report.html"
+    with _refusing_bad_input():
+        check_file_to_write(out, "report")  # before the plots are drawn
     with _reading_store(run_dir):
-        path = write_report(run_dir, out)
-    console.print(Text(f"report: {path}"))
+        write_report(run_dir, out)
+    console.print(Text(f"report: {out}"))
 
 
 @main.command()
@@ -216,9 +252,17 @@ def report(run_dir: Path, out: Path | None) -> None:
 @click.option(
     "--out", type=click.Path(path_type=Path), help="Where to write the fragment and store (default runs/tune-<time>)."
 )
+@click.option("--force", is_flag=True, help="Overwrite fragments (tuned.toml, tuned_deepspeed.json) --out holds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def tune(
-    nvme_path: Path, quick: bool, workload: str, spec_path: Path | None, verify: bool, out: Path | None, as_json: bool
+    nvme_path: Path,
+    quick: bool,
+    workload: str,
+    spec_path: Path | None,
+    verify: bool,
+    out: Path | None,
+    force: bool,
+    as_json: bool,
 ) -> None:
     """Measure DeepSpeed aio settings on NVME and write the fastest as a config fragment."""
     from offloadlab.engines.deepspeed.buffers import pinned_swap_bytes, tuned_buffers
@@ -236,7 +280,7 @@ def tune(
         _fail("--verify needs --spec SPEC: the spec whose NVMe strategies are run with the tuned settings")
     folder = TuneFolder(RunDir.at(out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}"))
     try:
-        folder.check()
+        folder.check(force)
         spec = load_spec(spec_path) if spec_path else None
         nvme_strategy = _nvme_param_strategy(spec) if spec else None
         tuner = Tuner(nvme_path, workload, TuneSettings.for_mode(quick), announce_build=announce_on(console))
@@ -347,6 +391,7 @@ def _tune_json(result, fragment: Path, plan, pinned_bytes: float | None) -> dict
     help="Write the winner (or --strategy) as a run spec, DeepSpeed JSON and Accelerate config here.",
 )
 @click.option("--strategy", "chosen", help="With --write: the placement to write instead of the winner.")
+@click.option("--force", is_flag=True, help="With --write: overwrite files of the names it writes.")
 @click.option("--largest", is_flag=True, help="Find the largest GPT some placement fits on this machine, and plan it.")
 @click.option("--json", "as_json", is_flag=True)
 def plan(
@@ -365,10 +410,12 @@ def plan(
     tuned_dir,
     write_dir,
     chosen,
+    force,
     largest,
     as_json,
 ) -> None:
     """Predict memory and the step time of every placement on this machine, rank what fits."""
+    from offloadlab.checks.host import check_folder_to_write
     from offloadlab.plan.inputs import PlanInputs, PlanRequest
     from offloadlab.plan.output import bindings_json, machine_table, past_the_largest, plan_json, plan_table
 
@@ -379,6 +426,8 @@ def plan(
     if chosen and not write_dir:
         _fail(f"--strategy picks the placement --write writes: add --write DIR to write {chosen}")
     try:
+        if write_dir:
+            check_folder_to_write(write_dir, "--write")  # before the measurements, not after
         request = PlanRequest(
             spec_path,
             "tiny" if largest else preset,
@@ -423,10 +472,10 @@ def plan(
         if largest:
             console.print(past_the_largest(past_shape, past, predictions), width=width)
     if write_dir:
-        _write_pick(predictions, chosen, inputs, write_dir, show_breakdown=not as_json)
+        _write_pick(predictions, chosen, inputs, write_dir, force, show_breakdown=not as_json)
 
 
-def _write_pick(predictions, chosen: str | None, inputs, write_dir: Path, show_breakdown: bool) -> None:
+def _write_pick(predictions, chosen: str | None, inputs, write_dir: Path, force: bool, show_breakdown: bool) -> None:
     """`plan --write`: the placement asked for (else the winner) as a run spec, DeepSpeed JSON and
     Accelerate config."""
     from offloadlab.plan.output import breakdown_table, write_plan
@@ -442,7 +491,9 @@ def _write_pick(predictions, chosen: str | None, inputs, write_dir: Path, show_b
             _fail("nothing fits: nothing to write")
     if show_breakdown:
         console.print(breakdown_table(pick))
-    for path in write_plan(pick, inputs.spec, write_dir, inputs.tuned_fragment, inputs.buffers):
+    with _refusing_bad_input():
+        written = write_plan(pick, inputs.spec, write_dir, inputs.tuned_fragment, inputs.buffers, force)
+    for path in written:
         console.print(f"wrote {path}")
 
 
@@ -469,18 +520,19 @@ def doctor(nvme_path: Path | None, build: bool, as_json: bool) -> None:
 
 @main.command()
 @click.argument("folder", type=click.Path(path_type=Path))
-def init(folder: Path) -> None:
+@click.option("--force", is_flag=True, help="Overwrite example specs of the same names FOLDER holds.")
+def init(folder: Path, force: bool) -> None:
     """Write the example run specs into FOLDER (made if missing), to edit and run."""
     from importlib.resources import files
+
+    from offloadlab.checks.host import check_folder_to_write, check_new_files
 
     examples = sorted(
         (f for f in files("offloadlab.examples").iterdir() if f.name.endswith(".toml")), key=lambda f: f.name
     )
-    if folder.exists() and not folder.is_dir():
-        _fail(f"{folder} is a file: pass a folder")
-    present = [f.name for f in examples if (folder / f.name).exists()]
-    if present:
-        _fail(f"{folder} already holds {', '.join(present)}: pass another folder (nothing was written)")
+    with _refusing_bad_input():
+        check_folder_to_write(folder, "init folder")
+        check_new_files(folder, [f.name for f in examples], force)
     folder.mkdir(parents=True, exist_ok=True)
     for example in examples:
         (folder / example.name).write_text(example.read_text())
@@ -549,7 +601,7 @@ def _verify_tuned(
                 f"the tune planned {human_bytes(planned_pinned)}"
             )
     if any(s.status is not Status.DONE for s in summaries):
-        _fail("the tuned settings did not train: see the table above")
+        _fail("the tuned settings did not train: see the table above", code=1)
 
 
 if __name__ == "__main__":

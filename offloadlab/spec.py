@@ -10,6 +10,7 @@ import difflib
 import re
 import tomllib
 import typing
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
@@ -47,15 +48,25 @@ SafeName = Annotated[str, AfterValidator(_safe_name)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+    # strict: TOML gives real types, so `steps = true` or `pin_memory = 1` is a mistake, not a number or a
+    # flag (true ran one step); lax ints also took 2.0. Floats take TOML's integers (`lr = 1`), never inf or
+    # nan (nan reached the store as a NULL loss and failed the strategy). Fields whose type TOML cannot
+    # write (a path is a string, a pair is an array) say `strict=False` themselves.
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, frozen=True, strict=True, allow_inf_nan=False
+    )
+
+
+LaxPath = Annotated[Path, Field(strict=False)]
+"""A path, given as TOML's string."""
 
 
 class ModelSpec(_Strict):
     preset: str | None = None
     """A built-in GPT preset name (see `offloadlab.model.PRESETS`), e.g. "tiny" or "gpt-1.4b"."""
-    hf_model: Path | None = None
+    hf_model: LaxPath | None = None
     """A local Hugging Face checkpoint folder (config.json + *.safetensors): trained from its weights."""
-    hf_config: Path | None = None
+    hf_config: LaxPath | None = None
     """A local Hugging Face `config.json` (or its folder): the same model with random weights (seeded)."""
     d_model: int | None = Field(default=None, gt=0)
     """Override or define the hidden size."""
@@ -92,7 +103,7 @@ class DataSpec(_Strict):
     """synthetic: seeded random tokens; tokens: a .npy or raw int32/uint16 file; text: UTF-8 text (a .txt
     file, or .jsonl with one document a line) through a Hugging Face model's own tokenizer, or as bytes
     for a GPT preset; documents are joined with the tokenizer's end-of-text token and packed to seq_len."""
-    path: Path | None = None
+    path: LaxPath | None = None
     """The file for kind = "tokens" or "text"."""
     token_dtype: Literal["int32", "uint16"] = "int32"
     """Element type of a raw (non-.npy) token file."""
@@ -119,8 +130,9 @@ class AioSettings(_Strict):
     block_size: int = Field(default=1048576, gt=0)
     queue_depth: int = Field(default=8, gt=0)
     intra_op_parallelism: int = Field(default=1, gt=0)
-    single_submit: bool = False
-    overlap_events: bool = True
+    # Not strict: a tune store's points come back from SQLite's integer columns as 0 and 1.
+    single_submit: bool = Field(default=False, strict=False)
+    overlap_events: bool = Field(default=True, strict=False)
 
     def label(self) -> str:
         return (
@@ -172,7 +184,8 @@ class ZenFlowSettings(_Strict):
 class DeepSpeedStrategy(_Strict):
     name: SafeName
     engine: Literal["deepspeed"]
-    zero_stage: Literal[1, 2, 3] = 3
+    zero_stage: int = Field(default=3, ge=1, le=3)
+    """An int, not Literal[1, 2, 3]: a Literal takes `zero_stage = true` for 1."""
     offload_optimizer: OffloadDevice = "none"
     offload_param: OffloadDevice = "none"
     """Parameter offload exists only at ZeRO stage 3."""
@@ -202,7 +215,7 @@ class DeepSpeedStrategy(_Strict):
     zenflow: ZenFlowSettings | None = None
     """DeepSpeed's ZenFlow (optimizer on the CPU): a [strategy.zenflow] table turns it on."""
     aio: AioSettings = AioSettings()
-    tuned_drive_gbps: tuple[PositiveFloat, PositiveFloat] | None = None
+    tuned_drive_gbps: tuple[PositiveFloat, PositiveFloat] | None = Field(default=None, strict=False)
     """(read, write) GB/s `offloadlab tune` measured on the drive with these aio settings: taken from a
     `tuned` fragment's [measured], and what `compare` holds the run's NVMe rates against."""
 
@@ -322,7 +335,9 @@ def strategy_from_store(config: dict) -> DeepSpeedStrategy | FSDP2Strategy | Non
 
 class RunSpec(_Strict):
     name: SafeName = "run"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, lt=2**32)
+    """Within what numpy's generator takes (torch's takes more): the data's per-sample seeds, derived from
+    it, stay within torch's 64 bits."""
     steps: int = Field(default=6, gt=0)
     seq_len: int = Field(default=64, gt=0)
     micro_batch: int = Field(default=2, gt=0)
@@ -342,7 +357,7 @@ class RunSpec(_Strict):
     gpu_memory_limit_gib: float | None = Field(default=None, gt=0)
     """Hold each rank to a GPU of this many GiB (CUDA context and NCCL included), so one large GPU behaves
     like a smaller one; going past it is "does not fit". Not enforced on the CPU; `run --gpu-mem` sets it."""
-    nvme_path: Path | None = None
+    nvme_path: LaxPath | None = None
     """Where NVMe strategies swap; offloadlab makes (and removes) its own subfolder there."""
     model: ModelSpec
     data: DataSpec = DataSpec()
@@ -351,8 +366,8 @@ class RunSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunSpec":
-        names = [s.name for s in self.strategy]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        # Counted once: list.count per name made a spec of 30,000 strategies take 11 s to load.
+        dupes = sorted(name for name, n in Counter(s.name for s in self.strategy).items() if n > 1)
         if dupes:
             raise ValueError(f"strategy names must be unique: {', '.join(dupes)}")
         if any(s.uses_nvme for s in self.strategy) and self.nvme_path is None:
@@ -408,8 +423,17 @@ def _allowed_keys(loc: tuple) -> list[str]:
 _READ_INSTEAD = {"num_threads": "intra_op_parallelism"}
 
 
+def _as_toml(value) -> str:
+    """A value as the spec wrote it: `true`, `inf`, `"text"`."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f'"{value}"' if isinstance(value, str) else str(value)
+
+
 def _format(err: ValidationError, source: str) -> str:
-    lines = [f"invalid run spec {source}:"]
+    """One line (the CLI's errors are): each problem as `key: what is wrong`, those of a value with the
+    value given."""
+    problems = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if p not in ("deepspeed", "fsdp2"))
         key = ".".join(str(p) for p in loc) or "(top level)"
@@ -417,11 +441,12 @@ def _format(err: ValidationError, source: str) -> str:
             nearest = [_READ_INSTEAD[loc[-1]]] if loc[-1] in _READ_INSTEAD else []
             nearest = nearest or difflib.get_close_matches(str(loc[-1]), _allowed_keys(loc), n=1)
             hint = f" (did you mean {nearest[0]!r}?)" if nearest else ""
-            lines.append(f"  {key}: unknown key{hint}")
+            problems.append(f"{key}: unknown key{hint}")
+        elif e["type"] == "value_error" or not isinstance(e["input"], (bool, int, float, str)):
+            problems.append(f"{key}: {e['msg'].removeprefix('Value error, ')}")
         else:
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"  {key}: {msg}")
-    return "\n".join(lines)
+            problems.append(f"{key}: {e['msg']}, not {_as_toml(e['input'])}")
+    return f"invalid run spec {source}: {'; '.join(problems)}"
 
 
 def parse_spec(raw: dict, source: str = "<dict>") -> RunSpec:
@@ -435,9 +460,15 @@ def _read_toml(path: Path, what: str) -> dict:
     if not path.is_file():
         raise SpecError(f"{what} {path} does not exist")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SpecError(f"{what} {path} cannot be read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{what} {path} is not UTF-8 text (byte {err.start}): save it as UTF-8, as TOML is") from None
     except tomllib.TOMLDecodeError as err:
         raise SpecError(f"{what} {path} is not valid TOML: {err}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise SpecError(f"{what} {path} nests arrays or tables too deeply to read: no run spec is that deep") from None
 
 
 def apply_tuned(strategy: dict, base: Path) -> dict:

@@ -135,7 +135,7 @@ def test_a_broken_model_folder_stops_the_run_before_any_work(tmp_path):
     (tmp_path / "empty").mkdir()
     spec = write_spec(tmp_path, [dict(name="f", engine="fsdp2")], model=dict(hf_model="empty"))
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
-    assert proc.returncode == 2 and "holds no config.json" in proc.stdout, proc.stdout
+    assert proc.returncode == 2 and "holds no config.json" in proc.stderr, proc.stdout + proc.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -202,4 +202,4 @@ def test_a_strategy_that_fails_for_a_reason_other_than_size_fails_the_run(tmp_pa
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
     assert proc.returncode == 1, proc.stdout
     assert "fsdp2: failed: SpecError: data.path" in proc.stdout
-    assert "failed: fsdp2" in proc.stdout
+    assert "fsdp2 failed (reasons above" in proc.stderr

@@ -63,7 +63,7 @@ def test_run_rejects_a_swap_buffer_smaller_than_the_largest_parameter(tmp_path):
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
     assert proc.returncode == 2
     # tiny: the largest parameter is the 256 x 64 embedding (and head).
-    assert "buffer_size = 1,000 elements is smaller than the largest parameter (16,384 elements" in proc.stdout
+    assert "buffer_size = 1,000 elements is smaller than the largest parameter (16,384 elements" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.toml"]
 
 
@@ -101,8 +101,8 @@ def test_too_few_parameter_swap_buffers_are_refused_before_deepspeed_would_stop_
 
     refused = cli("run", str(spec_with(needed - 1)), "--out", str(tmp_path / "refused"), check=False)
     assert refused.returncode == 2
-    assert f"buffer_count = {needed - 1} is too few" in flat(refused.stdout)
-    assert f"Set buffer_count >= {needed}" in flat(refused.stdout)
+    assert f"buffer_count = {needed - 1} is too few" in flat(refused.stderr)
+    assert f"Set buffer_count >= {needed}" in flat(refused.stderr)
     assert not (tmp_path / "refused").exists()
 
     for buffers, (status, steps) in ((needed - 1, ("does_not_fit", 0)), (needed, ("done", 3))):
@@ -122,7 +122,7 @@ def test_run_rejects_tmpfs_nvme_path(tmp_path):
     spec = write_spec(tmp_path, [NVME_STRATEGY], nvme_path="/dev/shm")
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
     assert proc.returncode == 2
-    assert "no O_DIRECT" in proc.stdout
+    assert "no O_DIRECT" in proc.stderr
 
 
 def _held_to(limit: int) -> list[str] | None:
@@ -180,9 +180,9 @@ def test_run_counts_the_checkpoint_beside_the_swap_folder_on_one_drive(tmp_path)
     strategy = NVME_STRATEGY | {"buffer_size": 2 * n_params}
     spec = write_spec(tmp_path, [strategy], nvme_path=str(tmp_path), precision="bf16", model=model)
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
-    assert proc.returncode == 2, proc.stdout
-    assert "'z3': nvme_path (swap + checkpoint)" in proc.stdout
-    assert "set verify_checkpoint = false, or pass --out on another drive" in proc.stdout
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "'z3': nvme_path (swap + checkpoint)" in proc.stderr
+    assert "set verify_checkpoint = false, or pass --out on another drive" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.toml"]
 
     without_check = load_spec(
@@ -207,6 +207,6 @@ def test_run_refuses_a_plan_that_is_not_of_its_spec_before_any_work(tmp_path):
         ("other.json", "is of another model or batch (seq_len 64 in the plan, 32 here)"),
     ):
         proc = cli("run", str(spec), "--out", str(tmp_path / "run"), "--plan", str(tmp_path / given), check=False)
-        assert proc.returncode == 2, proc.stdout
-        assert said in flat(proc.stdout) and "write it with 'offloadlab plan SPEC --json >" in flat(proc.stdout)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert said in flat(proc.stderr) and "write it with 'offloadlab plan SPEC --json >" in flat(proc.stderr)
     assert not (tmp_path / "run").exists()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import pickle
 import resource
@@ -49,6 +48,15 @@ def _gone(pids: list[int], timeout: float = 30) -> bool:
     return False
 
 
+def _digests(folder: Path) -> dict[str, str]:
+    """Each file under `folder` by its content's hash (a link by its target): what "nothing changed" compares."""
+
+    def digest(path: Path) -> str:
+        return os.readlink(path) if path.is_symlink() else hashlib.sha256(path.read_bytes()).hexdigest()
+
+    return {str(path.relative_to(folder)): digest(path) for path in folder.rglob("*") if not path.is_dir()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["../..", "a/b", ".hidden", "x y"])
 def test_unsafe_strategy_names_are_refused_before_anything_is_made(tmp_path, name):
@@ -58,7 +66,7 @@ def test_unsafe_strategy_names_are_refused_before_anything_is_made(tmp_path, nam
     (earlier / "keep.txt").write_text("an earlier run")
     spec = write_spec(tmp_path, [FSDP2 | {"name": name}])
     proc = cli("run", str(spec), "--out", str(tmp_path / "runs" / "r1"), check=False)
-    assert proc.returncode == 2 and "is not a usable name" in flat(proc.stdout), proc.stdout
+    assert proc.returncode == 2 and "is not a usable name" in flat(proc.stderr), proc.stdout + proc.stderr
     assert (earlier / "keep.txt").read_text() == "an earlier run"
     assert not (tmp_path / "runs").exists()
 
@@ -242,20 +250,6 @@ def test_a_killed_cli_takes_its_workers_with_it_and_the_next_run_removes_its_swa
     assert RunStore(run_dir).run()["status"] == "interrupted"
 
 
-def _tree_digest(*roots: Path) -> dict[str, str]:
-    """Every file and link under the roots, by content: what a sweep must leave byte-identical."""
-    out = {}
-    for root in roots:
-        for path in sorted([root, *root.rglob("*")]):
-            if path.is_symlink():
-                out[str(path)] = f"-> {os.readlink(path)}"
-            elif path.is_file():
-                out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
-            else:
-                out[str(path)] = "dir"
-    return out
-
-
 def _steps_trained(run_dir: Path) -> int:
     store = RunStore(run_dir)
     try:
@@ -297,7 +291,7 @@ def test_a_new_run_changes_nothing_beside_it_that_is_not_provably_a_dead_runs_ow
         (runs / "emptyfile" / DB_NAME).touch()
         (runs / "loop").symlink_to(runs / "loop")  # every later run into this parent failed on it
         beside = [runs / n for n in ("A-backup", "evil", "foreign", "emptyfile")]
-        before = _tree_digest(tmp_path / "victim", *beside)
+        before = {root: _digests(root) for root in (tmp_path / "victim", *beside)}
         trained_before = _steps_trained(runs / "A")
 
         spec = write_spec(tmp_path, [FSDP2], steps=1, verify_checkpoint=False)
@@ -305,7 +299,7 @@ def test_a_new_run_changes_nothing_beside_it_that_is_not_provably_a_dead_runs_ow
         assert "marked" not in later.stdout, later.stdout
         cli("compare", str(runs / "B"))  # reads its siblings for a stored baseline
 
-        assert _tree_digest(tmp_path / "victim", *beside) == before
+        assert {root: _digests(root) for root in (tmp_path / "victim", *beside)} == before
         assert (runs / "loop").is_symlink()
         assert live_swap.is_dir() and live.poll() is None
         deadline = time.time() + 120
@@ -318,46 +312,6 @@ def test_a_new_run_changes_nothing_beside_it_that_is_not_provably_a_dead_runs_ow
         live.send_signal(signal.SIGINT)
         live.communicate(timeout=120)
     assert not live_swap.exists()  # its own run removed it at the end
-
-
-@contextlib.contextmanager
-def _small_disk(folder: Path, size: str):
-    """A filesystem of its own (tmpfs), so a test can fill it."""
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=True)
-
-
-def _fill(path: Path) -> None:
-    with open(path, "wb") as f:
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * (1 << 16))
-                f.flush()
-
-
-@pytest.mark.slow
-def test_a_run_whose_disk_fills_records_why(tmp_path):
-    """The run's store had no room left for its last writes, so the run read as "a closed terminal, or
-    killed"; a reserve the run holds is freed for them."""
-    spec = write_spec(tmp_path, [FSDP2], steps=3000, verify_checkpoint=False)
-    with _small_disk(tmp_path / "disk", "16m") as disk:
-        run_dir = disk / "run"
-        proc = start_cli("run", str(spec), "--out", str(run_dir))
-        wait_for_worker(proc, run_dir)
-        _fill(disk / "someone-elses-file")  # another program fills the drive
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 1, out
-        assert "its store could not be written (database or disk is full)" in flat(out)
-        (disk / "someone-elses-file").unlink()
-        (summary,) = json.loads(cli("compare", str(run_dir), "--json").stdout)
-        assert summary["status"] == "failed" and "disk filled" in summary["reason"], summary
-        assert sorted(p.name for p in run_dir.iterdir()) == ["logs", DB_NAME, "spec.toml"]
 
 
 @pytest.mark.slow
@@ -392,7 +346,7 @@ def test_two_runs_into_one_folder_one_is_refused_and_the_other_is_whole(tmp_path
     (row,) = store.strategies(store.run()["id"])
     assert row["status"] == "done" and len(store.steps(row["id"])) == 30
     tune = cli("tune", "--nvme", str(tmp_path), "--quick", "--out", str(out), check=False)
-    assert tune.returncode == 2 and "holds a run store already" in flat(tune.stdout)
+    assert tune.returncode == 2 and "holds a run store already" in flat(tune.stderr)
 
 
 @pytest.mark.slow
@@ -405,9 +359,9 @@ def test_a_spec_the_plan_says_cannot_fit_is_refused_before_any_work(tmp_path):
         verify_checkpoint=False,
     )
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
-    assert proc.returncode == 2, proc.stdout
-    assert "the plan says no strategy of this spec fits this machine (z3 needs host RAM" in flat(proc.stdout)
-    assert "--force runs it anyway" in flat(proc.stdout)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the plan says no strategy of this spec fits this machine (z3 needs host RAM" in flat(proc.stderr)
+    assert "--force runs it anyway" in flat(proc.stderr)
     assert not (tmp_path / "run").exists()
 
 
@@ -436,7 +390,7 @@ def test_broken_stores_give_one_line_and_are_not_written(tmp_path, world1, conte
     for verb in ("compare", "report"):
         proc = cli(verb, str(run_dir), check=False)
         assert proc.returncode == 2, proc.stdout + proc.stderr
-        assert message in flat(proc.stdout) and "Traceback" not in proc.stdout + proc.stderr
+        assert message in flat(proc.stderr) and "Traceback" not in proc.stdout + proc.stderr
     assert path.read_bytes() == before
     assert sorted(p.name for p in run_dir.iterdir()) == [DB_NAME]
 
@@ -482,7 +436,7 @@ def test_a_run_folder_with_glob_characters_verifies_and_is_printed_whole(tmp_pat
     (row,) = store.strategies(store.run()["id"])
     assert row["checkpoint_verified"] == 1, row["checkpoint_detail"]
     assert not list(env_tmp.glob("torchelastic_*"))  # torchrun's temp folders went into the run's, removed
-    assert sorted(p.name for p in out.iterdir()) == sorted([".offloadlab.lock", DB_NAME, "logs", "spec.toml"])
+    assert sorted(p.name for p in out.iterdir()) == sorted([DB_NAME, "logs", "spec.toml"])
 
 
 @pytest.mark.slow
@@ -490,7 +444,7 @@ def test_out_naming_a_file_is_a_clear_error(tmp_path):
     spec = write_spec(tmp_path, [FSDP2])
     (tmp_path / "afile").write_text("mine")
     proc = cli("run", str(spec), "--out", str(tmp_path / "afile"), check=False)
-    assert proc.returncode == 2 and "is a file: pass a folder" in flat(proc.stdout)
+    assert proc.returncode == 2 and "is a file: pass a folder" in flat(proc.stderr)
     assert (tmp_path / "afile").read_text() == "mine"
 
 
@@ -531,6 +485,18 @@ def test_a_tune_stopped_mid_sweep_keeps_files_the_user_put_in_its_folder(tmp_pat
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("offloadlab-tune-")]
 
 
+@contextlib.contextmanager
+def _mounted(folder: Path, *mount: str):
+    """`mount *mount folder` for the test's length (root only; skipped where this machine allows none)."""
+    folder.mkdir(exist_ok=True)
+    if os.geteuid() != 0 or subprocess.run(["mount", *mount, str(folder)], capture_output=True).returncode != 0:
+        pytest.skip(f"this machine lets no {' '.join(mount)} be mounted here")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)])
+
+
 def _fill(path: Path) -> None:
     """Write until the drive is full: the run writes meanwhile, so a size measured first may not fit."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -544,16 +510,12 @@ def _fill(path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_disk_that_fills_ends_the_run_with_a_clear_message(tmp_path):
     """A drive that filled during a run crashed the CLI with a raw 'database or disk is full', the next
-    strategy never ran and the store said 'running' for ever."""
-    small = tmp_path / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(small)]).returncode != 0:
-        pytest.skip("this machine lets no tmpfs be mounted")
-    try:
-        spec = write_spec(tmp_path, [FSDP2, FSDP2 | {"name": "next"}], steps=5000, verify_checkpoint=False)
+    strategy never ran and the store said 'running' for ever; then, with no room left for the store's last
+    writes, the run read as "a closed terminal, or killed": a reserve the run holds is freed for them."""
+    spec = write_spec(tmp_path, [FSDP2, FSDP2 | {"name": "next"}], steps=5000, verify_checkpoint=False)
+    with _mounted(tmp_path / "small", "-t", "tmpfs", "-o", "size=32m", "tmpfs") as small:
         run_dir = small / "run"
         proc = start_cli("run", str(spec), "--out", str(run_dir))
         wait_for_worker(proc, run_dir)
@@ -568,7 +530,213 @@ def test_a_disk_that_fills_ends_the_run_with_a_clear_message(tmp_path):
         assert store.run_status() == "interrupted"
         summaries = {s.name: s for s in summarize(store)}
         assert summaries["next"].status == "failed"  # never started: the run ended at the full disk
-        # "does not fit: disk full" when its rank could still write that, else shown as interrupted: never running
         assert summaries["fsdp2"].status in ("does_not_fit", "failed"), summaries["fsdp2"]
-    finally:
-        subprocess.run(["umount", "-l", str(small)])
+        assert "disk" in summaries["fsdp2"].reason and "killed" not in summaries["fsdp2"].reason
+        assert sorted(p.name for p in run_dir.iterdir()) == sorted([DB_NAME, "logs", "spec.toml"])
+
+
+# Bad input: one line on stderr, a specific exit code
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, code: int, *words: str) -> str:
+    """The CLI exited `code` and said why in exactly one line on stderr, naming `words`; no traceback."""
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].strip(), proc.stderr
+    assert all(word in lines[0] for word in words), lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def read_only(tmp_path) -> Path:
+    """A folder nothing can be written into: a read-only tmpfs (permission bits do not stop root)."""
+    with _mounted(tmp_path / "read-only", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs") as folder:
+        yield folder
+
+
+def test_a_spec_of_30000_strategies_loads_in_under_a_second(tmp_path):
+    """Checking the names' uniqueness was quadratic: 30,000 strategies took 11.4 s."""
+    from offloadlab.spec import load_spec
+
+    spec = write_spec(tmp_path, [FSDP2 | {"name": f"s{i}"} for i in range(30_000)])
+    seconds = []
+    for _ in range(2):  # CPU time, the less of two: other processes on a busy machine do not count
+        start = time.process_time()
+        assert len(load_spec(spec).strategy) == 30_000
+        seconds.append(time.process_time() - start)
+    assert min(seconds) < 1.0, seconds
+
+
+def test_numbers_are_checked_at_spec_load_and_named_on_one_line(tmp_path):
+    """`lr = inf` and `seed = 10**23` failed inside the strategy (a NULL loss in the store), `steps = true`
+    ran one step."""
+    spec = write_spec(
+        tmp_path,
+        [FSDP2 | {"pin_memory": 1}],
+        lr=float("inf"),
+        weight_decay=float("nan"),
+        seed=10**23,
+        steps=True,
+    )
+    line = _one_line_error(cli("run", str(spec), "--out", str(tmp_path / "run"), check=False), 2)
+    for said in (
+        "lr: Input should be a finite number, not inf",
+        "weight_decay: Input should be a finite number, not nan",
+        "seed: Input should be less than 4294967296, not 100000000000000000000000",
+        "steps: Input should be a valid integer, not true",
+        "strategy.0.pin_memory: Input should be a valid boolean, not 1",
+    ):
+        assert said in line, line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        (b'name = "caf\xe9"\n', "is not UTF-8 text (byte 11)"),
+        (b"x = " + b"[" * 200_000 + b"]" * 200_000 + b"\n", "nests arrays or tables too deeply to read"),
+    ],
+    ids=["invalid-utf8", "nested-200k-deep"],
+)
+def test_an_unreadable_spec_file_is_named_on_one_line(tmp_path, content, said):
+    spec = tmp_path / "spec.toml"
+    spec.write_bytes(content)
+    _one_line_error(cli("run", str(spec), "--out", str(tmp_path / "run"), check=False), 2, str(spec), said)
+
+
+def test_init_overwrites_only_with_force_and_never_through_a_link_out(tmp_path):
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    (folder / "tiny_cpu.toml").write_text("# the user's own")
+    proc = cli("init", str(folder), check=False)
+    _one_line_error(proc, 2, "already holds tiny_cpu.toml", "--force", "nothing was written")
+    assert [p.name for p in folder.iterdir()] == ["tiny_cpu.toml"]
+    assert (folder / "tiny_cpu.toml").read_text() == "# the user's own"
+    cli("init", str(folder), "--force")
+    assert (folder / "tiny_cpu.toml").read_text() == (REPO / "configs" / "tiny_cpu.toml").read_text()
+
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "tiny_cpu.toml").symlink_to(tmp_path / "outside.toml")  # dangling: the write would create it
+    proc = cli("init", str(linked), "--force", check=False)
+    _one_line_error(proc, 2, f"{linked / 'tiny_cpu.toml'} -> {tmp_path / 'outside.toml'}", "never written through")
+    assert not (tmp_path / "outside.toml").exists() and [p.name for p in linked.iterdir()] == ["tiny_cpu.toml"]
+
+
+def test_plan_write_refuses_to_overwrite_the_users_files(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "zero1.toml").write_text("# the user's own")
+    (out / "zero1_accelerate.yaml").write_text("mine: too\n")
+    before = _digests(out)
+    proc = cli("plan", "--model", "tiny", "--gpu-mem", "0", "--strategy", "zero1", "--write", str(out), check=False)
+    _one_line_error(proc, 2, "already holds zero1.toml, zero1_accelerate.yaml", "--force")
+    assert _digests(out) == before
+
+
+def test_tune_out_refuses_fragments_already_there_before_measuring(tmp_path):
+    """Files an earlier tune wrote are the user's once it has ended: they are refused like the user's own."""
+    out = tmp_path / "tune"
+    out.mkdir()
+    (out / "tuned.toml").write_text("# an earlier tune's, edited since")
+    before = _digests(out)
+    proc = cli("tune", "--nvme", str(tmp_path), "--quick", "--out", str(out), check=False)
+    _one_line_error(proc, 2, "already holds tuned.toml", "--force")
+    assert _digests(out) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("offloadlab-tune-")]  # nothing measured
+
+
+def _tiny_store(run_dir: Path) -> Path:
+    run_dir.mkdir()
+    store = RunStore(run_dir, create_schema=True)
+    store.set_run_status(store.add_run("tiny", ""), "done")
+    store.close()
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (("report", "{store}", "--out", "{ro}/report.html"), "report {ro}/report.html cannot be written"),
+        (("report", "{store}", "--out", "{store}"), "report {store} is a folder: pass the path of the file"),
+        (("plan", "--model", "tiny", "--write", "{store}/{db}"), "--write {store}/{db} is a file: pass a folder"),
+        (("init", "/proc/sys/offloadlab"), "init folder /proc/sys/offloadlab cannot be written: /proc/sys"),
+        (("run", "{spec}", "--out", "{ro}/run"), "run folder (--out) {ro}/run cannot be written"),
+        (("tune", "--nvme", "{tmp}", "--quick", "--out", "{ro}/tune"), "--out {ro}/tune cannot be written"),
+    ],
+    ids=["report-read-only", "report-out-folder", "plan-write-file", "init-proc-sys", "run-read-only", "tune-ro"],
+)
+def test_a_place_that_cannot_be_written_is_named_before_any_work(tmp_path, read_only, args, said):
+    spec = write_spec(tmp_path, [FSDP2])
+    places = dict(store=_tiny_store(tmp_path / "store"), db=DB_NAME, ro=read_only, spec=spec, tmp=tmp_path)
+    before = _digests(tmp_path)
+    proc = cli(*(arg.format(**places) for arg in args), check=False)
+    _one_line_error(proc, 2, said.format(**places))
+    assert _digests(tmp_path) == before
+
+
+@pytest.mark.parametrize("state", ["missing", "read-only"])
+def test_torch_extensions_dir_that_cannot_hold_the_ops_is_named(tmp_path, read_only, monkeypatch, state):
+    folder = tmp_path / "missing" if state == "missing" else read_only
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(folder))
+    spec = write_spec(tmp_path, [FSDP2])
+    proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
+    said = "is not a folder" if state == "missing" else "cannot be written"
+    _one_line_error(proc, 2, f"TORCH_EXTENSIONS_DIR {folder} {said}")
+    assert not folder.exists() or not any(folder.iterdir())
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "hosts, said",
+    [
+        (("--nnodes", "2", "--node-rank", "5"), "--node-rank 5 is not a rank of --nnodes 2"),
+        (("--nnodes", "0"), "--nnodes 0: at least this host takes part"),
+    ],
+    ids=["rank-past-the-hosts", "no-hosts"],
+)
+def test_hosts_that_cannot_meet_are_refused_before_any_wait(tmp_path, hosts, said):
+    spec = write_spec(tmp_path, [FSDP2])
+    proc = cli("run", str(spec), "--out", str(tmp_path / "run"), *hosts, timeout=120, check=False)
+    _one_line_error(proc, 2, said)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_missing_host_ends_the_run_after_the_rendezvous_timeout(tmp_path):
+    """`--nnodes 2` with no second host waited silently for ever."""
+    spec = write_spec(tmp_path, [FSDP2, FSDP2 | {"name": "second"}], steps=2, verify_checkpoint=False)
+    start = time.monotonic()
+    proc = cli(
+        "run", str(spec), "--out", str(tmp_path / "run"), "--nnodes", "2", "--master-port", "29531",
+        "--rdzv-timeout", "5", timeout=180, check=False,
+    )  # fmt: skip
+    _one_line_error(proc, 1, "did not meet at --master-addr 127.0.0.1:29531 within --rdzv-timeout 5 s")
+    assert time.monotonic() - start < 120
+    assert RunStore(tmp_path / "run").run_status() == "interrupted"  # the second strategy never waited too
+
+
+def test_a_full_drive_under_tune_is_called_full(tmp_path):
+    """A full ext4 was called 'does not support O_DIRECT (No space left on device)'."""
+    image = tmp_path / "drive.img"
+    with open(image, "wb") as f:
+        f.truncate(8 << 20)
+    if subprocess.run(["mkfs.ext4", "-q", str(image)], capture_output=True).returncode != 0:
+        pytest.skip("this machine has no mkfs.ext4")
+    with _mounted(tmp_path / "drive", "-o", "loop", str(image)) as drive:
+        _fill(drive / "a-users-file")
+        proc = cli("tune", "--nvme", str(drive), "--quick", "--out", str(tmp_path / "tune"), check=False)
+        _one_line_error(proc, 2, f"--nvme {drive} is full (ENOSPC", "GiB needed")
+        assert sorted(p.name for p in drive.iterdir()) == ["a-users-file", "lost+found"]
+        assert not (tmp_path / "tune").exists()
+
+
+def test_plan_leaves_no_torch_cache_folder_in_tmpdir(tmp_path, monkeypatch):
+    """The first optimizer plan builds imports dynamo, which made an empty TMPDIR/torchinductor_USER."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    cli("plan", "--model", "tiny", "--gpu-mem", "0", "--host-mem", "8")
+    assert list(tmp.iterdir()) == []

@@ -65,7 +65,7 @@ def test_unknown_preset_lists_the_presets(tmp_path):
     spec = write_spec(tmp_path, [dict(name="a", engine="fsdp2")], model=dict(preset="gpt-9t"))
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
     assert proc.returncode == 2
-    assert "model.preset 'gpt-9t' is unknown; presets: tiny" in proc.stdout
+    assert "model.preset 'gpt-9t' is unknown; presets: tiny" in proc.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -78,7 +78,7 @@ def test_cli_reports_spec_errors_before_any_work(tmp_path):
     )
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
     assert proc.returncode == 2
-    assert f"nvme_path {tmp_path / 'missing'} does not exist" in proc.stdout
+    assert f"nvme_path {tmp_path / 'missing'} does not exist" in proc.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -99,5 +99,5 @@ def test_init_writes_the_shipped_examples_and_never_overwrites(tmp_path):
         assert load_spec(folder / name).strategy
     (folder / "tiny_cpu.toml").write_text("# the user's own edits")
     again = cli("init", str(folder), cwd=tmp_path, check=False)
-    assert again.returncode == 2 and "already holds" in again.stdout
+    assert again.returncode == 2 and "already holds" in again.stderr
     assert (folder / "tiny_cpu.toml").read_text() == "# the user's own edits"

@@ -147,10 +147,10 @@ def _tune_points_stored(out: Path) -> int:
 @pytest.mark.slow
 def test_preflight_errors_before_any_io(tmp_path):
     proc = cli("tune", "--nvme", str(tmp_path / "missing"), "--quick", "--out", str(tmp_path / "out"), check=False)
-    assert proc.returncode == 2 and "does not exist" in proc.stdout
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
     assert not (tmp_path / "out").exists()
     proc = cli("tune", "--nvme", "/dev/shm", "--quick", check=False)
-    assert proc.returncode == 2 and "no O_DIRECT" in proc.stdout
+    assert proc.returncode == 2 and "no O_DIRECT" in proc.stderr
     with pytest.raises(PreflightError, match="RAM available"):
         check_pinned_memory(1 << 60)
     proc_sys = tmp_path / "proc"

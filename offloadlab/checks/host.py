@@ -1,11 +1,14 @@
 """What this machine allows, checked before any work: folders, O_DIRECT, free disk, page-locked memory and
-aio events. Shared by run, tune, plan and doctor; each check fails with a `PreflightError` naming the fix."""
+aio events, and where a command may write. Shared by run, tune, plan, report, init and doctor; each check
+fails with a `PreflightError` naming the fix."""
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import shutil
+import sys
 import uuid
 from importlib.metadata import version
 from pathlib import Path
@@ -51,8 +54,78 @@ def check_directory(path: Path, role: str) -> None:
         )
 
 
-def check_direct_io(path: Path, role: str) -> None:
-    """Write and read one aligned block with O_DIRECT, as DeepSpeed's aio does; remove the probe file."""
+def nearest_existing(path: Path) -> Path:
+    path = path.resolve()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def check_writable(path: Path, role: str) -> None:
+    """`path` (a file or folder, made if missing) can be written: the part of it that exists takes new
+    entries. A read-only mount, or a folder this user may not write, is named before any work is done
+    rather than by a traceback when its result is written."""
+    existing = nearest_existing(path)
+    if existing != path.resolve() and not existing.is_dir():
+        raise PreflightError(f"{role} {path} cannot be made: {existing} is a file")
+    if not os.access(existing, os.W_OK):
+        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+        why = "is on a read-only filesystem" if read_only else "is not writable by this user"
+        raise PreflightError(f"{role} {path} cannot be written: {existing} {why}; pass a path on a writable drive")
+
+
+def check_folder_to_write(path: Path, role: str) -> None:
+    if path.exists() and not path.is_dir():
+        raise PreflightError(f"{role} {path} is a file: pass a folder")
+    check_writable(path, role)
+
+
+def check_file_to_write(path: Path, role: str) -> None:
+    if path.is_dir():
+        raise PreflightError(f"{role} {path} is a folder: pass the path of the file to write")
+    check_writable(path, role)
+
+
+def check_new_files(folder: Path, names: list[str], force: bool) -> None:
+    """Before a command writes `names` into the user's `folder`: a file of one of those names is the
+    user's, even one an earlier offloadlab command wrote, and stays unless --force; a link out of the
+    folder is never written through, --force or not."""
+    root = folder.resolve()
+    present = [folder / name for name in names if os.path.lexists(folder / name)]
+    outside = [path for path in present if not path.resolve().is_relative_to(root)]
+    if outside:
+        links = ", ".join(f"{path} -> {path.resolve()}" for path in outside)
+        raise PreflightError(
+            f"{links}: a link out of {folder}, never written through: remove it, or pass another folder "
+            "(nothing was written)"
+        )
+    if present and not force:
+        raise PreflightError(
+            f"{folder} already holds {', '.join(path.name for path in present)}: pass --force to overwrite, "
+            "or another folder (nothing was written)"
+        )
+
+
+def check_torch_extensions_dir() -> None:
+    """TORCH_EXTENSIONS_DIR, where the user set it, is where DeepSpeed's ops are built, flock'ed and loaded
+    from: a folder that exists and takes writes. A missing one would have every op rebuilt, for minutes,
+    into a folder made for it. Checked before offloadlab sets it itself (to the venv's own folder, which
+    setup builds the ops into)."""
+    value = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if value is None:
+        return
+    role = "TORCH_EXTENSIONS_DIR"
+    if not Path(value).is_dir():
+        raise PreflightError(
+            f"{role} {value} is not a folder: DeepSpeed's ops are built and loaded there; create it to build "
+            f"them there (minutes), or unset it to use those built into {sys.prefix}"
+        )
+    check_writable(Path(value), role)
+
+
+def check_direct_io(path: Path, role: str, needed_bytes: int | None = None) -> None:
+    """Write and read one aligned block with O_DIRECT, as DeepSpeed's aio does; remove the probe file.
+    needed_bytes: what the command will write there, named if the drive is full."""
     fstype = filesystem_type(path)
     if fstype in ("tmpfs", "ramfs"):
         raise PreflightError(
@@ -69,6 +142,12 @@ def check_direct_io(path: Path, role: str) -> None:
         finally:
             os.close(fd)
     except OSError as err:
+        if err.errno == errno.ENOSPC:  # the probe's one block did not fit: a full drive, not a missing feature
+            needed = "" if needed_bytes is None else f", {needed_bytes / 2**30:.2f} GiB needed"
+            raise PreflightError(
+                f"{role} {path} is full (ENOSPC: {shutil.disk_usage(path).free / 2**30:.2f} GiB free{needed}): "
+                "free space there, or pass a folder on another drive"
+            ) from None
         raise PreflightError(
             f"{role} {path} ({fstype}) does not support O_DIRECT ({err.strerror}): "
             "use a folder on a local ext4/xfs NVMe drive"

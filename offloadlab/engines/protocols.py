@@ -54,5 +54,8 @@ class EnginePlacements(Protocol):
 class EngineExporter(Protocol):
     """What `plan --write` writes for users' own scripts beside the run spec."""
 
-    def export(self, spec: RunSpec, out_dir: Path, name: str) -> tuple[list[Path], list[str]]:
-        """Files written into out_dir for the spec's one strategy, and its lines of an Accelerate config."""
+    def file_names(self, name: str) -> list[str]:
+        """The files export writes for a placement called name (checked before anything is written)."""
+
+    def export(self, spec: RunSpec, out_dir: Path, name: str) -> list[str]:
+        """Writes file_names(name) into out_dir for the spec's one strategy; its Accelerate config lines."""

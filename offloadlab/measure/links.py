@@ -8,7 +8,11 @@ since a swap-in from NVMe ends on the GPU.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -17,6 +21,23 @@ import torch
 from offloadlab.results.figures import flops_per_token
 from offloadlab.results.status import Status
 from offloadlab.workload.model import Block, GPTConfig
+
+
+@contextlib.contextmanager
+def own_inductor_cache() -> Iterator[None]:
+    """torch makes its compile cache folder (TMPDIR/torchinductor_USER) when the first optimizer is built, as
+    that imports dynamo, and leaves it empty: nothing here compiles. A folder of this process's own stands
+    in for it and is removed after (torch's function that names its folder imports dynamo, so the folder
+    cannot be found first and removed after). A cache folder the user set stays theirs."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="offloadlab-torch-cache-") as folder:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+        try:
+            yield
+        finally:
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
 def best_seconds(run, repeats: int, cuda: bool) -> float:
@@ -196,9 +217,10 @@ def measure_nvme_quick(nvme_path: Path, io_size: int = 64 << 20) -> tuple[float,
     from offloadlab.engines.ops import load_op
     from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT, AioBench
 
+    needed = io_size + (256 << 20)
     check_directory(nvme_path, "--nvme")
-    check_direct_io(nvme_path, "--nvme")
-    check_free_disk(nvme_path, io_size + (256 << 20), "--nvme")
+    check_direct_io(nvme_path, "--nvme", needed)
+    check_free_disk(nvme_path, needed, "--nvme")
     load_op("async_io")
     work = nvme_path / f"offloadlab-plan-{uuid.uuid4().hex[:8]}"
     work.mkdir()

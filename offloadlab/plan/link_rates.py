@@ -24,7 +24,7 @@ def measure_links(
     console: Console,
 ) -> Links:
     ensure_built(("cpu_adam", "async_io") if nvme_path is not None else ("cpu_adam",), announce_on(console))
-    with console.status(
+    with measure.own_inductor_cache(), console.status(
         "measuring links: PCIe copies, Adam on CPU (DeepSpeed's op) and device, host passes, "
         "one block's forward and backward, NVMe"
     ):

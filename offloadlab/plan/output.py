@@ -10,6 +10,7 @@ from pathlib import Path
 import tomli_w
 from rich.table import Table
 
+from offloadlab.checks.host import check_new_files
 from offloadlab.engines import engine_for
 from offloadlab.engines.deepspeed.buffers import SwapBuffers
 from offloadlab.plan.accounting import GiB, Links, Machine, Shape
@@ -182,17 +183,29 @@ def _accelerate_yaml(spec: RunSpec, engine_lines: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_plan(x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None, buffers: SwapBuffers) -> list[Path]:
-    """The run spec, the engine's own files and the Accelerate config of a placement, in out_dir."""
+def plan_files(x: Prediction, out_dir: Path) -> list[Path]:
+    """What `plan --write` writes for a placement: its run spec, the engine's own files and the
+    Accelerate config."""
+    name = x.placement.name
+    engine_files = engine_for(x.placement.strategy).exporter.file_names(name)
+    return [out_dir / n for n in (f"{name}.toml", *engine_files, f"{name}_accelerate.yaml")]
+
+
+def write_plan(
+    x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None, buffers: SwapBuffers, force: bool
+) -> list[Path]:
+    """The files of plan_files; force: overwrite files of those names the folder holds (the user's, or an
+    earlier plan's)."""
+    files = plan_files(x, out_dir)
+    check_new_files(out_dir, [path.name for path in files], force)
     out_dir.mkdir(parents=True, exist_ok=True)
+    spec_path, *_, accelerate = files
     raw = run_spec_for(base, x, tuned, buffers)
-    spec_path = out_dir / f"{x.placement.name}.toml"
     spec_path.write_text(f"# Written by offloadlab plan: {x.placement.name} ({x.binding})\n" + tomli_w.dumps(raw))
     spec = load_spec(spec_path)  # the written spec is one `offloadlab run` accepts, tuned include and all
-    engine_files, engine_lines = engine_for(x.placement.strategy).exporter.export(spec, out_dir, x.placement.name)
-    accelerate = out_dir / f"{x.placement.name}_accelerate.yaml"
+    engine_lines = engine_for(x.placement.strategy).exporter.export(spec, out_dir, x.placement.name)
     accelerate.write_text(_accelerate_yaml(spec, engine_lines))
-    return [spec_path, *engine_files, accelerate]
+    return files
 
 
 def planned_for_spec(path: Path, spec: RunSpec, shape: Shape) -> dict[str, Planned]:

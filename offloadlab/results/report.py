@@ -220,7 +220,7 @@ def _summary_table(summaries: list[StrategySummary]) -> str:
     return f"<table><tr>{head}</tr>{rows}</table>"
 
 
-def write_report(run_dir: Path, out: Path | None = None) -> Path:
+def write_report(run_dir: Path, out: Path) -> None:
     store = RunStore(run_dir)
     run = store.run()
     strategies = store.strategies(run["id"])
@@ -250,6 +250,4 @@ a stall is a step over
 <h2>step time</h2>{step_time_chart(strategies, by_name, steps_of)}
 {''.join(sections)}
 </body></html>"""
-    out = out or run_dir / "report.html"
     out.write_text(page)
-    return out

@@ -17,6 +17,8 @@ from offloadlab.checks.host import (
     check_directory,
     check_free_disk,
     check_memlock,
+    check_writable,
+    nearest_existing,
 )
 from offloadlab.engines import engine_for
 from offloadlab.engines.deepspeed.buffers import (
@@ -67,18 +69,11 @@ def check_swap_buffers_lockable(spec: RunSpec, strategy: DeepSpeedStrategy, shap
         raise PreflightError(f"strategy {strategy.name}'s NVMe swap buffers: {err}") from None
 
 
-def _nearest_existing(path: Path) -> Path:
-    path = path.resolve()
-    while not path.exists():
-        path = path.parent
-    return path
-
-
 def check_disk_for_run(spec: RunSpec, run_dir: Path, n_params: int) -> None:
     """Strategies run one after another and each one's swap folder and checkpoint are removed after it:
     the largest strategy must fit, swap and checkpoint together where both are on one filesystem."""
     param_bytes = 2 if spec.precision == "bf16" else 4
-    run_fs = _nearest_existing(run_dir)
+    run_fs = nearest_existing(run_dir)
     nvme_fs = spec.nvme_path if any(s.uses_nvme for s in spec.strategy) else None
     same_fs = nvme_fs is not None and os.stat(nvme_fs).st_dev == os.stat(run_fs).st_dev
     for strategy in spec.strategy:
@@ -116,6 +111,7 @@ def check_gpu_only_strategies(spec: RunSpec) -> None:
 def preflight_run(spec: RunSpec, run_dir: Path) -> Shape:
     """Everything `offloadlab run` can check before it starts a process; run_dir need not exist yet.
     Returns the model's shape, which the fit check reads too (built once: an HF config is read for it)."""
+    check_writable(run_dir, "run folder (--out)")
     if spec.model.is_hf:
         from offloadlab.workload.hf import check_hf_model
 

@@ -37,7 +37,7 @@ from offloadlab.results.store import RunStore, StoreError, is_run_store
 from offloadlab.results.summary import Planned, record_plan
 from offloadlab.results.tables import human_bytes
 from offloadlab.run.preflight import check_fits, preflight_run
-from offloadlab.spec import RunSpec
+from offloadlab.spec import RunSpec, SpecError
 
 
 def worker_env(environ, tmp: Path) -> dict[str, str]:
@@ -50,14 +50,35 @@ def worker_env(environ, tmp: Path) -> dict[str, str]:
     return env
 
 
+class RendezvousError(RuntimeError):
+    """The hosts of a run on several never met: no strategy can run until they do."""
+
+
 @dataclass(frozen=True)
 class Launch:
-    """How torchrun starts each strategy; several hosts use torchrun's own rendezvous."""
+    """How torchrun starts each strategy; several hosts use torchrun's own (static) rendezvous."""
 
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int = 29500
+    rdzv_timeout_s: int = 300
+    """How long the hosts wait for one another (torchrun's own default, 600 s, looked like a hang)."""
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1:
+            raise SpecError(f"--nnodes {self.nnodes}: at least this host takes part, pass 1 or more")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise SpecError(
+                f"--node-rank {self.node_rank} is not a rank of --nnodes {self.nnodes}: pass 0 to {self.nnodes - 1} "
+                "(0 on the host at --master-addr), each host its own"
+            )
+        if self.rdzv_timeout_s < 1:
+            raise SpecError(f"--rdzv-timeout {self.rdzv_timeout_s}: pass the seconds the hosts wait, 1 or more")
+
+    @property
+    def master_host(self) -> str:
+        return self.master_addr or "127.0.0.1"
 
     def torchrun_args(self, nproc: int) -> list[str]:
         if self.nnodes == 1 and self.master_addr is None:
@@ -66,9 +87,22 @@ class Launch:
             f"--nnodes={self.nnodes}",
             f"--node-rank={self.node_rank}",
             f"--nproc-per-node={nproc}",
-            f"--master-addr={self.master_addr or '127.0.0.1'}",
+            f"--master-addr={self.master_host}",
             f"--master-port={self.master_port}",
+            f"--rdzv-conf=timeout={self.rdzv_timeout_s}",
         ]
+
+    def check_hosts_met(self, output: str) -> None:
+        """A launch whose torchrun gave up waiting for the other hosts (node 0: "1/2 clients joined"; another
+        node: it could not reach node 0) raises RendezvousError: every later strategy would wait as long."""
+        gave_up = re.search(r"torch\.distributed\.Dist(?:Store|Network)Error: (.+)", output)
+        if self.nnodes > 1 and gave_up:
+            raise RendezvousError(
+                f"the {self.nnodes} hosts did not meet at --master-addr {self.master_host}:{self.master_port} "
+                f"within --rdzv-timeout {self.rdzv_timeout_s} s (torchrun: {gave_up[1].strip()}): start this run "
+                "on every host with its own --node-rank and the same --master-addr and --master-port, or raise "
+                "--rdzv-timeout"
+            )
 
 
 def spec_toml(spec: RunSpec) -> str:
@@ -326,6 +360,7 @@ class Runner:
         """Why a job ended without recording a result itself (it was killed, or crashed before the store)."""
         text = log.read_text(errors="replace") if log.exists() else ""
         latest = text[text.rfind("\n$ ") + 1 :]  # this launch's output only; the log holds train and verify
+        self.launch.check_hosts_met(latest)
         # torchrun exits 1 when a rank dies; it names the signal in its summary.
         if rc in (-signal.SIGKILL, 128 + signal.SIGKILL) or "SIGKILL" in latest or "exitcode  : -9" in latest:
             if oom_kills() > self.oom_kills_before:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from offloadlab.checks.host import check_folder_to_write, check_new_files
 from offloadlab.results.rundir import DB_NAME, RunDir, RunDirError
 from offloadlab.results.store import RunStore
+from offloadlab.tune.fragment import FRAGMENT_JSON, FRAGMENT_TOML
 
 
 class TuneFolder:
@@ -17,13 +19,14 @@ class TuneFolder:
         """What this tune created, in the order it did: removed in reverse on failure."""
         self.store: RunStore | None = None
 
-    def check(self) -> None:
-        """Before anything is measured: the folder can take a tune."""
+    def check(self, force: bool) -> None:
+        """Before anything is measured: the folder can take a tune, and its files (an earlier tune's
+        fragments too: they are the user's now) are overwritten only with force; a store never is."""
         root = self.out_dir.root
-        if root.exists() and not root.is_dir():
-            raise RunDirError(f"--out {root} is a file: pass a folder")
+        check_folder_to_write(root, "--out")
         if self.out_dir.store_path.exists():
             raise RunDirError(f"--out {root} holds a run store already: pass another folder")
+        check_new_files(root, [DB_NAME, FRAGMENT_TOML, FRAGMENT_JSON], force)
 
     def open(self) -> tuple[RunStore, int]:
         """Make the folder (if new), take its lock for this process's life and start the tune's store;

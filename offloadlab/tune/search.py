@@ -212,11 +212,12 @@ class Tuner:
 
     def preflight(self) -> None:
         """Checks the drive and loads the aio op; the CLI calls it before it makes any file."""
-        check_directory(self.path, "--nvme")
-        check_direct_io(self.path, "--nvme")
         # Two probe files of io_size live at once (aio and the O_DIRECT baseline), never together with
         # more; keep a margin so the drive is never filled.
-        check_free_disk(self.path, 2 * self.settings.io_size + 256 * MiB, "--nvme")
+        needed = 2 * self.settings.io_size + 256 * MiB
+        check_directory(self.path, "--nvme")
+        check_direct_io(self.path, "--nvme", needed)
+        check_free_disk(self.path, needed, "--nvme")
         load_op("async_io", self.announce_build)  # loaded before any timing: a first-use build is never timed as I/O
         check_pinned_memory(self.settings.io_size)
         # The largest point: 256 queued events for each of 8 threads.

@@ -16,7 +16,6 @@ Why the weights are loaded after the engine builds the model, not by the model's
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager

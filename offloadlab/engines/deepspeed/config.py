@@ -101,14 +101,19 @@ def tuned_keys(aio: AioSettings, buffers: SwapBuffers | None) -> dict:
     return out
 
 
-def export(spec: RunSpec, out_dir: Path, name: str) -> tuple[list[Path], list[str]]:
-    """The DeepSpeed JSON of the spec's one strategy (for deepspeed.initialize) and its Accelerate twin,
-    written into out_dir; and the lines of the Accelerate config that point at it."""
+def file_names(name: str) -> list[str]:
+    """What export writes for a placement called name: the JSON for deepspeed.initialize, and its
+    Accelerate twin."""
+    return [f"{name}_deepspeed.json", f"{name}_accelerate_deepspeed.json"]
+
+
+def export(spec: RunSpec, out_dir: Path, name: str) -> list[str]:
+    """The files of file_names for the spec's one strategy, written into out_dir; and the lines of the
+    Accelerate config that point at them."""
     strategy = spec.strategy[0]
     config = deepspeed_config(spec, strategy, spec.nproc, spec.nvme_path if strategy.uses_nvme else None)
-    plain_json = out_dir / f"{name}_deepspeed.json"
+    plain_json, accelerate_json = (out_dir / n for n in file_names(name))
     plain_json.write_text(json.dumps(config, indent=2) + "\n")
-    accelerate_json = out_dir / f"{name}_accelerate_deepspeed.json"
     accelerate_json.write_text(json.dumps(accelerate_deepspeed_config(config), indent=2) + "\n")
     # Precision comes from the DeepSpeed file; Accelerate refuses it twice. On a machine without a GPU
     # the same file runs on DeepSpeed's CPU accelerator (DS_ACCELERATOR=cpu), as the tests do.
@@ -118,4 +123,4 @@ def export(spec: RunSpec, out_dir: Path, name: str) -> tuple[list[Path], list[st
         f"  deepspeed_config_file: {accelerate_json.resolve()}",
         f"  zero3_init_flag: {'true' if strategy.zero_stage == 3 else 'false'}",
     ]
-    return [plain_json, accelerate_json], lines
+    return lines

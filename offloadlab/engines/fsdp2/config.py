@@ -8,8 +8,13 @@ from pathlib import Path
 from offloadlab.spec import RunSpec
 
 
-def export(spec: RunSpec, out_dir: Path, name: str) -> tuple[list[Path], list[str]]:
-    """No file of its own (Accelerate's FSDP plugin takes its settings inline); the Accelerate lines."""
+def file_names(name: str) -> list[str]:
+    """None: Accelerate's FSDP plugin takes its settings inline."""
+    return []
+
+
+def export(spec: RunSpec, out_dir: Path, name: str) -> list[str]:
+    """The lines of the Accelerate config."""
     strategy = spec.strategy[0]
     lines = [
         "distributed_type: FSDP",
@@ -22,4 +27,4 @@ def export(spec: RunSpec, out_dir: Path, name: str) -> tuple[list[Path], list[st
         "  fsdp_state_dict_type: SHARDED_STATE_DICT",
         f"  fsdp_activation_checkpointing: {'true' if spec.model.activation_checkpointing else 'false'}",
     ]
-    return [], lines
+    return lines
