@@ -265,93 +265,75 @@ def tune(
     as_json: bool,
 ) -> None:
     """Measure DeepSpeed aio settings on NVME and write the fastest as a config fragment."""
-    from offloadlab.engines.deepspeed.buffers import pinned_swap_bytes, tuned_buffers
     from offloadlab.engines.ops import announce_on
-    from offloadlab.plan.accounting import shape_of_spec
-    from offloadlab.results.rundir import RunDir, signals_ignored
-    from offloadlab.tune.folder import TuneFolder
-    from offloadlab.tune.fragment import write_fragments
-    from offloadlab.tune.search import Tuner, TuneSettings
-    from offloadlab.tune.sweep_tables import points_table, summary_table, swap_buffers_table
+    from offloadlab.tune.session import TuneInterrupted, TuneRequest, tune_drive
 
     if as_json:
         _stdout_for_json_only()
     if verify and spec_path is None:
         _fail("--verify needs --spec SPEC: the spec whose NVMe strategies are run with the tuned settings")
-    folder = TuneFolder(RunDir.at(out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}"))
+    out = out or Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}"
+    request = TuneRequest(nvme_path, workload, quick, out, force, spec_path)
     try:
-        folder.check(force)
-        spec = load_spec(spec_path) if spec_path else None
-        nvme_strategy = _nvme_param_strategy(spec) if spec else None
-        tuner = Tuner(nvme_path, workload, TuneSettings.for_mode(quick), announce_build=announce_on(console))
-        # Checked before the folder is made: a bad drive or a Ctrl-C while the op loads leaves nothing to undo.
-        tuner.preflight()
-        store, run_id = folder.open()
-        result = _sweep_with_progress(tuner, store, run_id, workload)
-    except BaseException as err:  # the tuner removed its own files; this removes what the command made
-        with signals_ignored():
-            kept = folder.remove()
-        if isinstance(err, KeyboardInterrupt):
-            left = " (the folder it made stays: it holds files the tune did not write)" if kept else ""
-            console.print(
-                f"[yellow]interrupted: the tuning files and what the tune wrote to its output folder were "
-                f"removed{left}[/]"
+        with _refusing_bad_input(), _progress_bar("sweeping") as show:
+            outcome = tune_drive(
+                request,
+                lambda stage, point, done, expected: show(f"{stage:<9} {point.point.label()}", done, expected),
+                announce_on(console),
             )
-            sys.exit(130)
-        if isinstance(err, SpecError):
-            _fail(str(err))
-        raise
-    plan = tuned_buffers(spec, nvme_strategy, result.best.point) if nvme_strategy else None
-    toml_path, json_path = write_fragments(result, plan, folder.out_dir.root)
-    store.set_run_spec(run_id, toml_path.read_text())
-    store.upsert_tune_points(run_id, result.records())
-    store.set_run_status(run_id, Status.DONE)
+    except TuneInterrupted as err:
+        left = " (the folder it made stays: it holds files the tune did not write)" if err.folder_kept else ""
+        console.print(
+            f"[yellow]interrupted: the tuning files and what the tune wrote to its output folder were removed{left}[/]"
+        )
+        sys.exit(130)
     if as_json:
-        pinned = plan and pinned_swap_bytes(nvme_strategy, shape_of_spec(spec), spec.nproc, plan)
-        click.echo(json.dumps(_tune_json(result, toml_path, plan, pinned), indent=2))
+        click.echo(json.dumps(outcome.as_json(), indent=2))
     else:
-        console.print(points_table(result))
-        console.print(summary_table(result))
-        if plan:
-            console.print(swap_buffers_table(spec, nvme_strategy, plan, result.best.point))
-        console.print(Text(f"fragment: {toml_path} (DeepSpeed JSON: {json_path}); run store: {folder.out_dir.root}"))
+        _print_tune(outcome)
     if verify:
-        planned = pinned_swap_bytes(nvme_strategy, shape_of_spec(spec), spec.nproc, plan) if plan else None
-        _verify_tuned(spec_path, toml_path, nvme_path, folder.out_dir.root, planned)
+        _print_verify(outcome, spec_path, nvme_path)
 
 
-def _sweep_with_progress(tuner, store, run_id: int, workload: str):
-    """The tuner's sweep under a progress bar, each point written to the store as it is measured."""
+@contextlib.contextmanager
+def _progress_bar(description: str):
+    """A progress bar on the terminal (transient when piped); yields show(description, done, expected)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from offloadlab.tune.search import READ_SHARE
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=not sys.stdout.isatty()) as progress:
-        task = progress.add_task("sweeping", total=None)
+        task = progress.add_task(description, total=None)
+        yield lambda text, done, expected: progress.update(task, description=text, completed=done, total=expected)
 
-        def on_progress(stage, point_result, done, expected):
-            progress.update(
-                task, description=f"{stage:<9} {point_result.point.label()}", completed=done, total=expected
+
+def _print_tune(outcome) -> None:
+    from offloadlab.tune.sweep_tables import points_table, summary_table, swap_buffers_table
+
+    console.print(points_table(outcome.result))
+    console.print(summary_table(outcome.result))
+    if outcome.buffers:
+        console.print(
+            swap_buffers_table(outcome.spec, outcome.nvme_strategy, outcome.buffers, outcome.result.best.point)
+        )
+    fragments = f"fragment: {outcome.fragment_toml} (DeepSpeed JSON: {outcome.fragment_json})"
+    console.print(Text(f"{fragments}; run store: {outcome.out_dir}"))
+
+
+def _print_verify(outcome, spec_path: Path, nvme_path: Path) -> None:
+    from offloadlab.results.tables import compare_table, human_bytes
+    from offloadlab.tune.verify import verify_tuned
+
+    run_dir, summaries = verify_tuned(spec_path, outcome.fragment_toml, nvme_path, outcome.out_dir, console)
+    console.print(compare_table(run_dir, summaries, _table_width()))
+    planned = outcome.pinned_swap_bytes
+    for s in summaries:
+        if s.pinned_swap_bytes is not None and planned is not None:
+            console.print(
+                f"{s.name}: DeepSpeed pinned {human_bytes(s.pinned_swap_bytes)} for its NVMe swap buffers; "
+                f"the tune planned {human_bytes(planned)}"
             )
-            store.upsert_tune_points(run_id, [point_result.record(READ_SHARE[workload])])
-
-        tuner.on_progress = on_progress
-        return tuner.run()
-
-
-def _tune_json(result, fragment: Path, plan, pinned_bytes: float | None) -> dict:
-    return {
-        "fragment": str(fragment),
-        "best": result.best.point.model_dump(),
-        "read_gbps": result.best.read_gbps,
-        "write_gbps": result.best.write_gbps,
-        "pcie": dataclasses.asdict(result.pcie) if result.pcie else None,
-        "direct_io": dataclasses.asdict(result.direct_io),
-        "seconds": result.seconds,
-        "points": [p.as_dict() for p in result.records()],
-        "swap_buffers": plan and {**dataclasses.asdict(plan), "pinned_bytes": pinned_bytes},
-    }
+    if any(s.status is not Status.DONE for s in summaries):
+        _fail("the tuned settings did not train: see the table above", code=1)
 
 
 @main.command()
@@ -416,8 +398,9 @@ def plan(
 ) -> None:
     """Predict memory and the step time of every placement on this machine, rank what fits."""
     from offloadlab.checks.host import check_folder_to_write
-    from offloadlab.plan.inputs import PlanInputs, PlanRequest
-    from offloadlab.plan.output import bindings_json, machine_table, past_the_largest, plan_json, plan_table
+    from offloadlab.plan.inputs import PlanRequest
+    from offloadlab.plan.outcome import placement_to_write, plan_request
+    from offloadlab.plan.output import breakdown_table, write_plan
 
     if as_json:
         _stdout_for_json_only()
@@ -425,76 +408,60 @@ def plan(
         _fail("--largest searches the model size itself: give neither SPEC nor --model")
     if chosen and not write_dir:
         _fail(f"--strategy picks the placement --write writes: add --write DIR to write {chosen}")
-    try:
+    request = PlanRequest(
+        spec_path=spec_path,
+        preset="tiny" if largest else preset,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        precision=precision,
+        gpus=gpus,
+        gpu_mem_gib=gpu_mem,
+        host_mem_gib=host_mem,
+        nvme_path=nvme_path,
+        tuned_dir=tuned_dir,
+        tflops=tflops,
+        pcie_gbps=pcie,
+    )
+    with _refusing_bad_input():
         if write_dir:
             check_folder_to_write(write_dir, "--write")  # before the measurements, not after
-        request = PlanRequest(
-            spec_path,
-            "tiny" if largest else preset,
-            seq_len,
-            micro_batch,
-            grad_accum,
-            precision,
-            gpus,
-            gpu_mem,
-            host_mem,
-            nvme_path,
-            tuned_dir,
-            tflops,
-            pcie,
-        )
-        inputs = PlanInputs.gather(request, console)
-    except SpecError as err:
-        _fail(str(err))
-    from offloadlab.plan.predict import largest_model, one_more_layer, why_winner
-    from offloadlab.plan.predict import plan as make_plan
-
-    if largest:
-        from offloadlab.workload.model import PRESETS
-
-        found = largest_model(PRESETS, inputs.shape_of, inputs.machine, inputs.links)
-        if found is None:
-            _fail("not even the smallest preset fits this machine")
-        inputs = inputs.with_model(*found)
-        past_shape, past = one_more_layer(found[0], inputs.shape_of, inputs.machine, inputs.links)
-
-    predictions = make_plan(inputs.shape, inputs.machine, inputs.links, inputs.buffers, also=inputs.spec_placements)
+        outcome = plan_request(request, console, largest)
     if as_json:
-        result = plan_json(inputs, predictions)
-        if largest:
-            result["one_more_layer"] = {"shape": dataclasses.asdict(past_shape), **bindings_json(past)}
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json.dumps(_plan_json(outcome), indent=2))
     else:
-        width = _table_width()
-        console.print(machine_table(inputs.machine, inputs.links), width=width)
-        console.print(plan_table(predictions, f"offloadlab plan: {inputs.title}", inputs.machine), width=width)
-        console.print(why_winner(predictions), width=width)
-        if largest:
-            console.print(past_the_largest(past_shape, past, predictions), width=width)
-    if write_dir:
-        _write_pick(predictions, chosen, inputs, write_dir, force, show_breakdown=not as_json)
+        _print_plan(outcome)
+    if write_dir:  # after the tables: "nothing fits" is explained above it
+        with _refusing_bad_input():
+            pick = placement_to_write(outcome.predictions, chosen)
+            if not as_json:
+                console.print(breakdown_table(pick))
+            inputs = outcome.inputs
+            written = write_plan(pick, inputs.spec, write_dir, inputs.tuned_fragment, inputs.buffers, force)
+        for path in written:
+            console.print(f"wrote {path}")
 
 
-def _write_pick(predictions, chosen: str | None, inputs, write_dir: Path, force: bool, show_breakdown: bool) -> None:
-    """`plan --write`: the placement asked for (else the winner) as a run spec, DeepSpeed JSON and
-    Accelerate config."""
-    from offloadlab.plan.output import breakdown_table, write_plan
+def _plan_json(outcome) -> dict:
+    from offloadlab.plan.output import bindings_json, plan_json
 
-    if chosen:
-        pick = next((x for x in predictions if x.placement.name == chosen), None)
-        if pick is None:
-            names = ", ".join(x.placement.name for x in predictions)
-            _fail(f"--strategy {chosen!r} is not one of the planned placements: {names}")
-    else:
-        pick = next((x for x in predictions if x.fits), None)
-        if pick is None:
-            _fail("nothing fits: nothing to write")
-    if show_breakdown:
-        console.print(breakdown_table(pick))
-    with _refusing_bad_input():
-        written = write_plan(pick, inputs.spec, write_dir, inputs.tuned_fragment, inputs.buffers, force)
-    for path in written:
-        console.print(f"wrote {path}")
+    result = plan_json(outcome.inputs, outcome.predictions)
+    if outcome.past_largest:
+        past_shape, past = outcome.past_largest
+        result["one_more_layer"] = {"shape": dataclasses.asdict(past_shape), **bindings_json(past)}
+    return result
+
+
+def _print_plan(outcome) -> None:
+    from offloadlab.plan.output import machine_table, past_the_largest, plan_table
+    from offloadlab.plan.predict import why_winner
+
+    inputs, predictions, width = outcome.inputs, outcome.predictions, _table_width()
+    console.print(machine_table(inputs.machine, inputs.links), width=width)
+    console.print(plan_table(predictions, f"offloadlab plan: {inputs.title}", inputs.machine), width=width)
+    console.print(why_winner(predictions), width=width)
+    if outcome.past_largest:
+        console.print(past_the_largest(*outcome.past_largest, predictions), width=width)
 
 
 @main.command()
@@ -563,45 +530,6 @@ def tui(run_dir: Path | None, root: Path) -> None:
     if not found:
         _fail("the TUI is not installed (no offloadlab-tui entry point): reinstall offloadlab")
     next(iter(found)).load()(["--root", str(root), *([str(run_dir)] if run_dir else [])])
-
-
-def _nvme_param_strategy(spec):
-    for strategy in spec.strategy:
-        if strategy.swaps_parameters:
-            return strategy
-    _fail(f"--spec: no strategy of {spec.name!r} has offload_param = \"nvme\"; swap buffers only matter there")
-
-
-def _verify_tuned(
-    spec_path: Path, fragment: Path, nvme_path: Path, out_dir: Path, planned_pinned: float | None
-) -> None:
-    """Two real steps of the spec's NVMe strategies with the tuned fragment included, and the RAM DeepSpeed
-    pinned for their swap buffers beside what the tune planned."""
-    import tomllib
-
-    from offloadlab.results.store import RunStore
-    from offloadlab.results.summary import summarize
-    from offloadlab.results.tables import compare_table, human_bytes
-    from offloadlab.run.runner import Launch, run_spec
-    from offloadlab.spec import apply_tuned, parse_spec
-
-    swapping = {s.name for s in load_spec(spec_path).strategy if s.uses_nvme}
-    raw = tomllib.loads(spec_path.read_text())
-    raw.update(steps=2, verify_checkpoint=False, nvme_path=str(nvme_path.resolve()), name="tune-verify")
-    raw["strategy"] = [
-        apply_tuned(s | {"tuned": fragment.name}, fragment.parent) for s in raw["strategy"] if s["name"] in swapping
-    ]
-    run_dir = run_spec(parse_spec(raw, f"{spec_path} (tuned)"), out_dir / "verify", Launch(), console)
-    summaries = summarize(RunStore(run_dir))
-    console.print(compare_table(run_dir, summaries, _table_width()))
-    for s in summaries:
-        if s.pinned_swap_bytes is not None and planned_pinned is not None:
-            console.print(
-                f"{s.name}: DeepSpeed pinned {human_bytes(s.pinned_swap_bytes)} for its NVMe swap buffers; "
-                f"the tune planned {human_bytes(planned_pinned)}"
-            )
-    if any(s.status is not Status.DONE for s in summaries):
-        _fail("the tuned settings did not train: see the table above", code=1)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from offloadlab.engines.base import Engine
 
 LATEST = "latest"
 DIGEST_FILE = "digest.json"
+RNG_FILE = "rng-rank{rank}.pt"
+"""Each rank's random number generators when it saved: dropout (GPT-2's 0.1 in every block) draws from them,
+so a resumed step equals the uninterrupted one only with them restored. Neither engine saves them."""
 
 FileDigests = dict[str, tuple[int, str]]
 """{path relative to the step folder: (size in bytes, sha256)}"""
@@ -126,6 +130,7 @@ def save_atomic(
         tmp.mkdir()
     _barrier()
     engine.save(tmp, step)
+    _save_rng(tmp / RNG_FILE.format(rank=rank))
     _barrier()
     digest = _gather_digest(engine.state_digest(scratch=tmp, saved=tmp))
     if rank == 0:
@@ -139,6 +144,21 @@ def save_atomic(
         _write_atomic(root / LATEST, final.name)
     _barrier()
     return final
+
+
+def _save_rng(path: Path) -> None:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    torch.save({"cpu": torch.get_rng_state(), "cuda": cuda}, path)
+
+
+def _restore_rng(path: Path) -> None:
+    """A checkpoint saved before the generators were (an older run's) restores none."""
+    if not path.is_file():
+        return
+    state = torch.load(path, weights_only=True)  # tensors only; the file's digest was checked too
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def latest_checkpoint(root: Path) -> Path:
@@ -187,4 +207,5 @@ def restore_and_check(
             shutil.rmtree(scratch, ignore_errors=True)
     expected: dict[str, str] = saved["tensors"]
     mismatched = sorted(k for k in expected.keys() | live.keys() if expected.get(k) != live.get(k))
+    _restore_rng(folder / RNG_FILE.format(rank=engine.ctx.rank))  # last: the next step draws as the saved run's did
     return RestoreCheck(step=step, saved_step=saved["step"], tensors_compared=len(expected), mismatched=mismatched)

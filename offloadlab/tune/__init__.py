@@ -1,3 +1,3 @@
 """`offloadlab tune`: search DeepSpeed's aio settings for a drive, size the parameter swap buffers, and
 write the fragment run specs include (and its DeepSpeed JSON twin).
-May import: checks, engines, measure, plan, results, spec."""
+May import: checks, engines, measure, plan, results, run, spec."""
