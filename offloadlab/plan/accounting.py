@@ -78,6 +78,7 @@ class Shape:
     @classmethod
     def of_hf(cls, config, seq_len: int, micro_batch: int, grad_accum: int, precision: str) -> "Shape":
         """A Hugging Face config's exact parameter tensors (built on the meta device: no memory, no init)."""
+        from offloadlab.plan.activations import block_saved_bytes_per_token
         from offloadlab.workload.hf import meta_model
 
         model = meta_model(config)
@@ -93,7 +94,7 @@ class Shape:
             param_bytes,
             numels,
             sum(p.numel() for p in model.blocks[0].parameters()),
-            decoder_block_activation_bytes(config, param_bytes),
+            block_saved_bytes_per_token(config, seq_len, precision),
         )
 
     @property
@@ -137,30 +138,6 @@ def gpt_block_activation_bytes(d_model: int, param_bytes: int) -> int:
     16 d in the compute precision (16.1 d measured on a real block; on the H200 the 1.42B GPT's peaks hold
     to 2% with it and `loss_bytes`)."""
     return 16 * d_model * param_bytes
-
-
-def decoder_block_activation_bytes(config, param_bytes: int) -> int:
-    """A Llama-family decoder layer (Llama, Mistral, Qwen2: RMSNorm, GQA attention with rotary
-    embeddings, SwiGLU MLP), per token, as measured on real layers:
-    - 8 d in the compute precision: both norms' inputs and outputs, q, attention's output, the output
-      projection's input and the residual sum;
-    - 2 kv (k and v, grouped) + 4 i (gate, up, SiLU(gate), their product) + 2 head_dim (rotary cos, sin);
-    - fp32: each norm's inverse RMS and attention's log-sum-exp per head (2 + heads);
-    - in 16-bit, one more fp32 d: an RMSNorm's upcast input.
-    Llama-3.2-1B in bf16: 108,936 bytes a token a layer, as measured."""
-    d, heads = config.hidden_size, config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or d // heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    elements = 8 * d + 2 * kv * head_dim + 4 * _ffn_width(config) + 2 * head_dim
-    return param_bytes * elements + 4 * (2 + heads) + (4 * d if param_bytes == 2 else 0)
-
-
-def _ffn_width(config) -> int:
-    """The MLP's inner width under each family's name for it (GPT-2's n_inner may be None: 4 x the width)."""
-    for key in ("intermediate_size", "ffn_hidden_size", "n_inner"):
-        if getattr(config, key, None):
-            return getattr(config, key)
-    return 4 * config.hidden_size
 
 
 @dataclass(frozen=True)
