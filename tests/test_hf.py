@@ -272,7 +272,7 @@ def test_text_without_a_tokenizer_or_with_a_bad_line_names_the_fix(tmp_path):
     with pytest.raises(SpecError, match="line 2: not a JSON object with a 'text' field"):
         TokenSource(DataSpec(kind="text", path=tmp_path / "corpus.jsonl"), 256, 4, 0, tokenizer=tmp_path / "with")
     (tmp_path / "without").mkdir()
-    with pytest.raises(SpecError, match="holds none that loads"):
+    with pytest.raises(SpecError, match="holds none: save the model.s tokenizer there"):
         TokenSource(DataSpec(kind="text", path=tmp_path / "corpus.jsonl"), 256, 4, 0, tokenizer=tmp_path / "without")
 
 

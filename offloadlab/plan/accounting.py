@@ -111,6 +111,13 @@ class Shape:
         return self.n_params - self.n_layers * self.block_params
 
 
+def params_text(n_params: int) -> str:
+    """1.42B params, or 124M params below a billion (a tiny model planned as "0.00B params")."""
+    if n_params >= 1e9:
+        return f"{n_params / 1e9:.2f}B params"
+    return f"{n_params / 1e6:.3g}M params" if n_params >= 1e6 else f"{n_params:,} params"
+
+
 def shape_of_spec(spec: RunSpec) -> Shape:
     """The spec's model at its batch: a GPT's shape, or a Hugging Face config's exact tensors."""
     batch = (spec.seq_len, spec.micro_batch, spec.grad_accum, spec.precision)

@@ -21,6 +21,7 @@ from offloadlab.plan.accounting import (
     Placement,
     Shape,
     compute_stand_in,
+    params_text,
     shape_of_spec,
 )
 from offloadlab.plan.link_rates import BLOCK_MEASURED, measure_links
@@ -179,6 +180,6 @@ class PlanInputs:
     def title(self) -> str:
         s = self.spec
         return (
-            f"{self.model_label} ({self.shape.n_params / 1e9:.2f}B params), seq {s.seq_len}, "
+            f"{self.model_label} ({params_text(self.shape.n_params)}), seq {s.seq_len}, "
             f"micro-batch {s.micro_batch} x {s.grad_accum}, {s.precision}, {self.machine.gpus} rank(s)"
         )

@@ -13,7 +13,7 @@ from rich.table import Table
 from offloadlab.checks.host import check_new_files
 from offloadlab.engines import engine_for
 from offloadlab.engines.deepspeed.buffers import SwapBuffers
-from offloadlab.plan.accounting import GiB, Links, Machine, Shape
+from offloadlab.plan.accounting import GiB, Links, Machine, Shape, params_text
 from offloadlab.plan.inputs import PlanInputs
 from offloadlab.plan.predict import Prediction, usable, usable_text
 from offloadlab.results.summary import Planned
@@ -123,7 +123,7 @@ def past_the_largest(shape: Shape, past: list[Prediction], predictions: list[Pre
     what stops the first pick there."""
     pick = next((x for x in predictions if x.fits), None)
     there = next((x for x in past if pick and x.placement.name == pick.placement.name), None)
-    return f"one more layer ({shape.n_params / 1e9:.2f}B params) fits no placement" + (
+    return f"one more layer ({params_text(shape.n_params)}) fits no placement" + (
         f"; {there.placement.name} there: {there.binding}" if there else ""
     )
 

@@ -6,6 +6,7 @@ that makes it one run's alone.
         offloadlab.sqlite      the run store (stays)
         .offloadlab-reserve    space held for the run's last store writes, freed when its disk fills or it ends
         spec.toml  logs/NAME.log
+        tokens.npy             the run's text tokenized once for every rank (removed at the end)
         checkpoints/NAME/  scratch/NAME/  tmp/NAME/     made by the run and removed after each strategy
 
     NVME_PATH/offloadlab-RUN-TOKEN-NAME/    a strategy's swap folder, holding an owner marker
@@ -60,6 +61,11 @@ class RunDir:
     @property
     def store_path(self) -> Path:
         return self.root / DB_NAME
+
+    @property
+    def tokens_cache(self) -> Path:
+        """The run's text as token ids, tokenized once by the parent for every rank; removed at the end."""
+        return self.root / "tokens.npy"
 
     def log(self, strategy: str) -> Path:
         return self.inside("logs", f"{strategy}.log")

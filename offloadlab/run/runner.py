@@ -23,10 +23,19 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import tomli_w
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from offloadlab.checks.host import PINNED_EXACT_ABOVE, sets_pinned_exact
 from offloadlab.engines import engine_for
@@ -38,6 +47,7 @@ from offloadlab.results.summary import Planned, record_plan
 from offloadlab.results.tables import human_bytes
 from offloadlab.run.preflight import check_fits, preflight_run
 from offloadlab.spec import RunSpec, SpecError
+from offloadlab.workload.data import run_tokens
 
 
 def worker_env(environ, tmp: Path) -> dict[str, str]:
@@ -176,7 +186,9 @@ class Runner:
         console: Console,
         keep_checkpoints: bool = False,
         planned: dict[str, Planned] | None = None,
+        tokens: np.ndarray | None = None,
     ):
+        """tokens: the run's text read and checked before the run folder was made, saved in it for the ranks."""
         self.spec, self.run_dir, self.launch, self.console = spec, run_dir, launch, console
         self.keep_checkpoints = keep_checkpoints
         self.planned = planned or {}
@@ -186,6 +198,8 @@ class Runner:
         self.run_id = self.store.add_run(spec.name, spec_toml(spec))
         (run_dir.root / "spec.toml").write_text(spec_toml(spec))
         (run_dir.root / "logs").mkdir(exist_ok=True)
+        if tokens is not None:
+            np.save(run_dir.tokens_cache, tokens)
         token = uuid.uuid4().hex[:8]  # no other run's swap folder has this name, whatever its run folder is called
         self.swap_secret = secrets.token_hex(16)  # in each swap folder's owner marker and in the store
         self.jobs = [self._job(s, token) for s in spec.strategy]
@@ -216,6 +230,7 @@ class Runner:
                 for job in self.jobs:
                     self._run_strategy(job, progress)
             self.store.set_run_status(self.run_id, Status.DONE)
+            self.run_dir.tokens_cache.unlink(missing_ok=True)
             self.run_dir.release_space()
         except BaseException as err:
             with signals_ignored():
@@ -241,6 +256,8 @@ class Runner:
         for job in self.jobs:
             self._stop(job)
             left += self._clean(job)  # first: on a full disk this frees the space the store's writes need
+        with contextlib.suppress(OSError):
+            self.run_dir.tokens_cache.unlink(missing_ok=True)
         self.run_dir.release_space()  # and so does the reserve, whatever filled the disk (the store itself)
         for job in self.jobs:
             with contextlib.suppress(sqlite3.Error):
@@ -285,6 +302,7 @@ class Runner:
         row = self.store.strategy(job.strategy_id)
         status = Status(row["status"])
         progress.update(task, description=f"{job.name:<18} [{status.style}]{status.label}[/]")
+        progress.stop_task(task)  # its clock stops with it, done or failed
         if row["reason"]:
             self.say(f"  {job.name}: {status.label}: {escape(row['reason'])} (log: {escape(str(job.log))})")
 
@@ -447,6 +465,16 @@ def _remove_dead_runs_swap(run_dir: RunDir, console: Console) -> None:
     )
 
 
+def _read_data(spec: RunSpec, console: Console) -> np.ndarray | None:
+    """The run's data read and checked once, before the run folder is made, with the tokenizer's progress."""
+    if spec.data.kind != "text":
+        return run_tokens(spec)
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(f"tokenizing {spec.data.path.name}", total=None)
+        return run_tokens(spec, lambda done, total: progress.update(task, completed=done, total=total))
+
+
 def run_spec(
     spec: RunSpec,
     out: Path | None,
@@ -461,6 +489,7 @@ def run_spec(
 
     run_dir = new_run_dir(spec, out)
     shape = preflight_run(spec, run_dir.root)
+    tokens = _read_data(spec, console)
     planned = planned_for_spec(plan_path, spec, shape) if plan_path else None
     check_fits(spec, shape, console, force)
     # Built here, once, with the wait explained, rather than by the first rank that needs it inside a job.
@@ -470,7 +499,7 @@ def run_spec(
     try:
         new_run_dir(spec, run_dir.root)  # again under the lock: of two runs started together, one stops here
         sweep_dead_runs(run_dir.root.parent, console)
-        Runner(spec, run_dir, launch, console, keep_checkpoints, planned).run()
+        Runner(spec, run_dir, launch, console, keep_checkpoints, planned, tokens).run()
     finally:
         os.close(lock)
     return run_dir.root

@@ -112,7 +112,7 @@ def _train(spec, strategy, ctx, budget, store, strategy_id, run_dir, nvme_dir) -
         engine = build_within(budget, spec, strategy, ctx, nvme_dir)
         if ctx.rank == 0:
             record_model_facts(store, strategy_id, spec, engine, budget)
-        source = TokenSource.for_run(spec)
+        source = TokenSource.for_run(spec, RunDir.at(run_dir).tokens_cache)
         root = RunDir.at(run_dir).checkpoints(strategy.name) if spec.verify_checkpoint else None
         window = StepWindow(1, spec.steps)
         run_steps(engine, spec, source, store, strategy_id, window, checkpoint_root=root, budget=budget)
@@ -127,7 +127,7 @@ def _verify(spec, strategy, ctx, budget, store, strategy_id, run_dir, nvme_dir) 
             update={"grad_accum": spec.grad_accum * spec.nproc // ctx.world_size, "nproc": ctx.world_size}
         )
     engine = build_within(budget, spec, strategy, ctx, nvme_dir)
-    source = TokenSource.for_run(spec)
+    source = TokenSource.for_run(spec, RunDir.at(run_dir).tokens_cache)
     layout = RunDir.at(run_dir)
     check = restore_and_check(
         engine,

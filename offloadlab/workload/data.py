@@ -7,8 +7,9 @@ which samples make up a step, and a restored run reads step k+1 without replayin
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,20 +25,26 @@ class Batch:
     targets: torch.Tensor
 
 
+OnProgress = Callable[[int, int], None]
+"""(bytes read, bytes in all) of the corpus being tokenized."""
+
+
 class TokenSource:
-    def __init__(self, spec: DataSpec, vocab_size: int, seq_len: int, seed: int, tokenizer: Path | None = None):
-        """tokenizer: the folder of the model's tokenizer, for text data (None: text is read as bytes)."""
+    def __init__(
+        self,
+        spec: DataSpec,
+        vocab_size: int,
+        seq_len: int,
+        seed: int,
+        tokenizer: Path | None = None,
+        tokens: np.ndarray | None = None,
+    ):
+        """tokenizer: the folder of the model's tokenizer, for text data (None: text is read as bytes);
+        tokens: the data already read and checked (the run folder's cache), else it is read here."""
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
-        self.tokens = _load_tokens(spec, tokenizer) if spec.kind != "synthetic" else None
-        if self.tokens is not None:
-            if len(self.tokens) < seq_len + 2:
-                raise SpecError(
-                    f"data.path {spec.path} holds {len(self.tokens)} tokens; seq_len + 2 = {seq_len + 2} needed"
-                )
-            if int(self.tokens.max()) >= vocab_size:
-                raise SpecError(
-                    f"data.path {spec.path} has token id {int(self.tokens.max())} >= vocab_size {vocab_size}"
-                )
+        if tokens is None and spec.kind != "synthetic":
+            tokens = checked_tokens(spec, vocab_size, seq_len, tokenizer)
+        self.tokens = tokens
 
     def sample(self, index: int) -> torch.Tensor:
         """seq_len + 1 tokens for one global sample index."""
@@ -62,62 +69,140 @@ class TokenSource:
         return out
 
     @classmethod
-    def for_run(cls, spec: RunSpec) -> "TokenSource":
-        """The run's data for its model: a Hugging Face model's text goes through the model's tokenizer."""
-        from offloadlab.workload.model import vocab_size
-
-        tokenizer = None
-        if spec.model.is_hf:
-            from offloadlab.workload.hf import hf_folder
-
-            tokenizer = hf_folder(spec.model.hf_path)
-        return cls(spec.data, vocab_size(spec.model, spec.seq_len), spec.seq_len, spec.seed, tokenizer)
+    def for_run(cls, spec: RunSpec, cache: Path | None = None) -> "TokenSource":
+        """The run's data for its model; cache: the tokens the parent read and checked (`run_tokens`), saved
+        in the run folder for every rank (a 1 GB corpus took each rank minutes to tokenize again)."""
+        tokens = np.load(cache, mmap_mode="r") if cache is not None and cache.is_file() else None
+        return cls(spec.data, run_vocab_size(spec), spec.seq_len, spec.seed, tokenizer_folder(spec), tokens)
 
 
-def documents(path: Path, text_key: str) -> Iterator[str]:
-    """A .jsonl file's documents (each line's `text_key`), or a text file as one document."""
-    if path.suffix != ".jsonl":
-        yield path.read_text()
-        return
-    with path.open() as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
+def tokenizer_folder(spec: RunSpec) -> Path | None:
+    """A Hugging Face model's own folder, whose tokenizer its text goes through; None: text is bytes."""
+    if not spec.model.is_hf:
+        return None
+    from offloadlab.workload.hf import hf_folder
+
+    return hf_folder(spec.model.hf_path)
+
+
+def run_vocab_size(spec: RunSpec) -> int:
+    from offloadlab.workload.model import vocab_size
+
+    return vocab_size(spec.model, spec.seq_len)
+
+
+def checked_tokens(
+    spec: DataSpec, vocab_size: int, seq_len: int, tokenizer: Path | None, on_progress: OnProgress | None = None
+) -> np.ndarray:
+    """The data's token ids, read (and tokenized) once and checked: a SpecError names the file and the fix."""
+    tokens = _load_tokens(spec, tokenizer, on_progress or (lambda done, total: None))
+    if len(tokens) < seq_len + 2:
+        raise SpecError(
+            f"data.path {spec.path} holds {len(tokens)} tokens; seq_len + 2 = {seq_len + 2} are needed for one "
+            "sample: give more text, or a shorter seq_len"
+        )
+    if int(tokens.max()) >= vocab_size:
+        raise SpecError(f"data.path {spec.path} has token id {int(tokens.max())} >= vocab_size {vocab_size}")
+    return tokens
+
+
+def run_tokens(spec: RunSpec, on_progress: OnProgress | None = None) -> np.ndarray | None:
+    """The run's text read, tokenized and checked once, before any process starts; None for data the ranks
+    read as it is (synthetic, or a token file, which is checked here too)."""
+    if spec.data.kind == "synthetic":
+        return None
+    tokens = checked_tokens(spec.data, run_vocab_size(spec), spec.seq_len, tokenizer_folder(spec), on_progress)
+    return tokens if spec.data.kind == "text" else None
+
+
+CHUNK_BYTES = 1 << 20
+"""A plain text file is tokenized in pieces of about this size, each ending at a line's end, so the
+tokenizer's batches run in parallel and progress can be shown."""
+
+
+def _utf8(raw: bytes, path: Path, offset: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError(
+            f"data.path {path}: byte {offset + err.start} is not UTF-8 (0x{raw[err.start]:02x}): convert the "
+            "file to UTF-8 (iconv -t utf-8), or give token ids with data.kind = \"tokens\""
+        ) from None
+
+
+def documents(path: Path, text_key: str, on_progress: OnProgress) -> Iterator[str]:
+    """A .jsonl file's documents (each line's `text_key`), or a text file as one document in pieces that
+    end at a line's end."""
+    total = path.stat().st_size
+    offset = 0
+    with path.open("rb") as f:
+        if path.suffix != ".jsonl":
+            while piece := f.read(CHUNK_BYTES):
+                piece += f.readline()  # to the line's end: a character is never cut in two
+                yield _utf8(piece, path, offset)
+                offset += len(piece)
+                on_progress(offset, total)
+            return
+        for number, line in enumerate(f, 1):
+            text = _utf8(line, path, offset)
+            offset += len(line)
+            if number % 1024 == 0:
+                on_progress(offset, total)
+            if not text.strip():
                 continue
             try:
-                yield json.loads(line)[text_key]
+                yield json.loads(text)[text_key]
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise SpecError(
                     f"data.path {path} line {number}: not a JSON object with a {text_key!r} field "
                     "(set data.text_key to the field that holds the text)"
                 ) from None
+    on_progress(total, total)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+"""Any of these is a tokenizer transformers may load: fast (tokenizer.json), SentencePiece, or BPE files."""
 
 
 def load_tokenizer(folder: Path):
     """The model folder's own tokenizer, never fetched."""
     from transformers import AutoTokenizer
 
+    fix = (
+        f"save the model's tokenizer there (tokenizer.save_pretrained(\"{folder}\")), or give token ids with "
+        'data.kind = "tokens"'
+    )
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise SpecError(f'data.kind = "text" needs the model\'s tokenizer, and {folder} holds none: {fix}')
     try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise SpecError(
-            f"data.kind = \"text\" reads the model's tokenizer from {folder}, which holds none that "
-            f"loads ({str(err).splitlines()[0]}): save it there (tokenizer.save_pretrained), or give "
-            "token ids with data.kind = \"tokens\""
-        ) from None
+    except (OSError, ValueError, KeyError) as err:
+        first = (str(err).strip() or type(err).__name__).splitlines()[0]
+        raise SpecError(f"the tokenizer in {folder} does not load ({first}): {fix}") from None
 
 
-def tokenize(path: Path, text_key: str, folder: Path) -> np.ndarray:
-    """Every document's token ids, each followed by the end-of-text token, in one array to pack from."""
+def tokenize(path: Path, text_key: str, folder: Path, on_progress: OnProgress) -> np.ndarray:
+    """Every document's token ids, each followed by the end-of-text token, in one array to pack from; a
+    text file's pieces joined without one (it is one document)."""
     tokenizer = load_tokenizer(folder)
     end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-    ids = [i for doc in documents(path, text_key) for i in tokenizer(doc, add_special_tokens=False)["input_ids"] + end]
-    return np.asarray(ids, dtype=np.int64)
+    per_document = path.suffix == ".jsonl"
+    parts: list[np.ndarray] = []
+    docs = documents(path, text_key, on_progress)
+    while batch := list(itertools.islice(docs, 256)):  # the tokenizer runs a batch on all cores
+        for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+            parts.append(np.asarray(ids + end if per_document else ids, dtype=np.int64))
+    if not per_document and parts:
+        parts.append(np.asarray(end, dtype=np.int64))
+    if not parts:
+        raise SpecError(f"data.path {path} holds no documents: give a file with text in it")
+    return np.concatenate(parts)
 
 
-def _load_tokens(spec: DataSpec, tokenizer: Path | None) -> np.ndarray:
+def _load_tokens(spec: DataSpec, tokenizer: Path | None, on_progress: OnProgress) -> np.ndarray:
     if spec.kind == "text":
         if tokenizer is not None:
-            return tokenize(spec.path, spec.text_key, tokenizer)
+            return tokenize(spec.path, spec.text_key, tokenizer, on_progress)
         return np.frombuffer(spec.path.read_bytes(), dtype=np.uint8)
     if spec.path.suffix == ".npy":
         return np.load(spec.path, mmap_mode="r")
