@@ -8,12 +8,12 @@ import json
 
 import numpy as np
 import pytest
+from test_hf import BATCH, WORDS, save_checkpoint, save_tokenizer, write_corpus
 
 from conftest import cli, write_spec
 from offloadlab.spec import DataSpec, load_spec
 from offloadlab.workload import data
 from offloadlab.workload.data import TokenSource, run_tokens
-from test_hf import BATCH, WORDS, save_checkpoint, save_tokenizer, write_corpus
 
 pytest.importorskip("transformers")
 

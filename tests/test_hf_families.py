@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_hf import BATCH, first_losses, reference_first_loss
 
 from conftest import cli, write_spec
 from offloadlab.results.store import RunStore
-from test_hf import BATCH, first_losses, reference_first_loss
 
 transformers = pytest.importorskip("transformers")
 

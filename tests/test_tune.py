@@ -20,9 +20,9 @@ from offloadlab.engines.deepspeed.buffers import (
     swapped_numels,
     tuned_buffers,
 )
-from offloadlab.plan.accounting import Placement, shape_of_spec
 from offloadlab.engines.deepspeed.config import deepspeed_config
 from offloadlab.measure.aio_bench import DEEPSPEED_DEFAULT, check_io_size
+from offloadlab.plan.accounting import Placement, shape_of_spec
 from offloadlab.spec import AioSettings, load_spec
 from offloadlab.tune.search import WORK_PREFIX, Tuner, TuneSettings, mixed_score, neighbours
 
