@@ -1,4 +1,5 @@
-"""Issue 19 on a GPU: does the planner's GPU peak hold for Hugging Face models of real shapes?
+"""Issues 19 and 36 on a GPU: does the planner's GPU peak hold for Hugging Face models of real shapes
+(Llama, Qwen2, Gemma-3, a Qwen3-MoE)?
 
     python bench/hf_gpu_peak.py write DIR NVME     # Llama-3.2-1B- and Qwen2.5-1.5B-shaped configs + specs
     offloadlab plan DIR/SPEC.toml --json > plan.json; offloadlab run DIR/SPEC.toml --out RUN
@@ -6,7 +7,7 @@
 
 The configs are the public models' shapes (hidden size, layers, heads, kv heads, intermediate size,
 vocabulary, tied embeddings) with random weights (model.hf_config): the planner counts their tensors on
-the meta device and their layers' activations with the Llama-family formula. Goal: GPU peak within 5%.
+the meta device and what their layers save for backward on the models' own code. Goal: GPU peak within 5%.
 """
 
 from __future__ import annotations
@@ -45,6 +46,41 @@ SHAPES = {
         max_position_embeddings=8192,
         rope_theta=1000000.0,
         rms_norm_eps=1e-6,
+    ),
+    # Gemma-3-1B's public shape: 4 heads of 256 with one kv head, five sliding-window layers to one full,
+    # a 262k vocabulary, tied embeddings.
+    "gemma-3-1b": dict(
+        model_type="gemma3_text",
+        hidden_size=1152,
+        intermediate_size=6912,
+        num_hidden_layers=26,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        vocab_size=262144,
+        sliding_window=512,
+        max_position_embeddings=32768,
+        query_pre_attn_scalar=256,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+    ),
+    # A Qwen3-MoE of about 1B parameters (the public ones start at 30B): 16 experts of 768, 4 routed a
+    # token, in every layer.
+    "qwen3-moe-1b": dict(
+        model_type="qwen3_moe",
+        hidden_size=1024,
+        intermediate_size=3072,
+        moe_intermediate_size=768,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=64,
+        num_experts=16,
+        num_experts_per_tok=4,
+        norm_topk_prob=True,
+        vocab_size=151936,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
     ),
 }
 STRATEGIES = [
