@@ -13,54 +13,15 @@ import json
 import pytest
 from test_hf import BATCH, first_losses, reference_first_loss
 
-from conftest import cli, write_spec
+from conftest import cli, load_bench, write_spec
 from offloadlab.results.store import RunStore
 
 transformers = pytest.importorskip("transformers")
 
-COMMON = dict(vocab_size=256, pad_token_id=2, bos_token_id=1, eos_token_id=0)
-ROPE = dict(**COMMON, hidden_size=64, num_attention_heads=4, num_hidden_layers=2, max_position_embeddings=128)
-FAMILIES = {
-    "phi3": lambda: transformers.Phi3Config(**ROPE, intermediate_size=128, num_key_value_heads=2),
-    "gemma2": lambda: transformers.Gemma2Config(**ROPE, intermediate_size=128, num_key_value_heads=2, head_dim=16),
-    "gemma3": lambda: transformers.Gemma3TextConfig(**ROPE, intermediate_size=128, num_key_value_heads=2, head_dim=16),
-    "mixtral": lambda: transformers.MixtralConfig(
-        **ROPE, intermediate_size=128, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2
-    ),
-    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
-        **ROPE,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_key_value_heads=2,
-        num_experts=4,
-        num_experts_per_tok=2,
-        head_dim=16,
-    ),
-    "gpt_neox": lambda: transformers.GPTNeoXConfig(**ROPE, intermediate_size=128),
-    # Dropout off where the first loss is compared with transformers' (an eval-mode loss); GPT-2's own 0.1
-    # is trained in test_a_model_with_dropout_resumes_exactly.
-    "gpt2": lambda: transformers.GPT2Config(
-        **COMMON, n_embd=64, n_head=4, n_layer=2, n_positions=128, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0
-    ),
-    "falcon": lambda: transformers.FalconConfig(**COMMON, hidden_size=64, num_attention_heads=4, num_hidden_layers=2),
-}
+FAMILIES = load_bench("hf_families").FAMILIES
 
-ZERO3_CPU = dict(name="zero3-cpu", engine="deepspeed", zero_stage=3, offload_optimizer="cpu", offload_param="cpu")
-ZERO3_NVME = dict(
-    name="zero3-nvme",
-    engine="deepspeed",
-    zero_stage=3,
-    offload_optimizer="nvme",
-    offload_param="nvme",
-    buffer_count=5,
-    buffer_size=1_000_000,
-)
-OTHERS = [
-    dict(name="zero1", engine="deepspeed", zero_stage=1),
-    dict(name="zero2-cpu", engine="deepspeed", zero_stage=2, offload_optimizer="cpu"),
-    dict(name="fsdp2", engine="fsdp2"),
-    dict(name="fsdp2-cpu-offload", engine="fsdp2", cpu_offload=True),
-]
+ZERO1, ZERO2_CPU, ZERO3_CPU, ZERO3_NVME, FSDP2, FSDP2_CPU_OFFLOAD = load_bench("hf_families").STRATEGIES
+OTHERS = [ZERO1, ZERO2_CPU, FSDP2, FSDP2_CPU_OFFLOAD]
 
 
 def strategies_for(family: str) -> list[dict]:
@@ -70,12 +31,7 @@ def strategies_for(family: str) -> list[dict]:
     return [(ZERO3_CPU, ZERO3_NVME)[i % 2], OTHERS[i % len(OTHERS)]]
 
 
-def save_family(folder, family: str):
-    import torch
-
-    torch.manual_seed(1)
-    transformers.AutoModelForCausalLM.from_config(FAMILIES[family]()).save_pretrained(folder)
-    return folder
+save_family = load_bench("hf_families").save_family
 
 
 @pytest.mark.slow
@@ -124,7 +80,7 @@ def test_a_model_with_dropout_resumes_exactly(tmp_path):
     the loss differed in the third digit without)."""
     folder = tmp_path / "gpt2"
     transformers.AutoModelForCausalLM.from_config(
-        transformers.GPT2Config(**COMMON, n_embd=64, n_head=4, n_layer=2, n_positions=128)
+        transformers.GPT2Config(vocab_size=256, pad_token_id=2, n_embd=64, n_head=4, n_layer=2, n_positions=128)
     ).save_pretrained(folder)
     assert json.loads((folder / "config.json").read_text())["resid_pdrop"] == 0.1
     spec = write_spec(tmp_path, [OTHERS[0], OTHERS[2]], **BATCH, model=dict(hf_model="gpt2"))
