@@ -197,6 +197,9 @@ class DeepSpeedStrategy(_Strict):
     max_in_cpu: int = Field(default=1_000_000_000, ge=0)
     """Parameter elements kept in CPU memory when offload_param = "nvme"."""
     optimizer_buffer_count: int = Field(default=4, gt=0)
+    cpu_cores_per_rank: int | None = Field(default=None, gt=0)
+    """Physical cores each rank is bound to, and the threads its CPU optimizer runs (DeepSpeed's CPU Adam,
+    torch's AdamW on the CPU); default: an equal share of this host's physical cores."""
     ratio: float = Field(default=1.0, gt=0, le=1)
     """Share of optimizer states offloaded (DeepSpeed's partial offload)."""
     stage3_max_live_parameters: int = Field(default=1_000_000_000, gt=0)
@@ -290,6 +293,9 @@ class FSDP2Strategy(_Strict):
     cpu_optimizer: Literal["torch", "deepspeed"] = "torch"
     """cpu_offload: which AdamW steps the CPU shards: torch's, or DeepSpeed's CPU Adam (SIMD, threaded;
     the same update)."""
+    cpu_cores_per_rank: int | None = Field(default=None, gt=0)
+    """Physical cores each rank is bound to, and the threads its CPU optimizer runs (DeepSpeed's CPU Adam,
+    torch's AdamW on the CPU); default: an equal share of this host's physical cores."""
 
     @model_validator(mode="after")
     def _optimizer_on_cpu(self) -> "FSDP2Strategy":

@@ -135,7 +135,8 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
                 assert cell(table, name, 13) == fmt_or_dash(summary.nvme_wait_share, "{:.0%}")
                 assert cell(table, name, 14) == human_bytes(summary.comm_bytes_per_step)
                 assert cell(table, name, 15) == f"{phase} {share:.0%}"
-                assert cell(table, name, 16) == "verified"
+                assert cell(table, name, 16) == f"{summary.cpu_threads}, {summary.optimizer_params_per_s / 1e6:,.0f}"
+                assert cell(table, name, 17) == "verified"
             # The NVMe strategy's disk series moved (it wrote its swap files under the temp drive).
             assert max(panels(app)["zero3-nvme"].view.disk_write_bytes_per_s.values) > 0
 

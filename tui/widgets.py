@@ -23,6 +23,7 @@ from offloadlab.results.tables import (
     human_bytes,
     loss_deviation,
     nvme_against_tuned,
+    optimizer_rate,
     pcie_against_link,
     share,
     stalls,
@@ -222,6 +223,7 @@ class CompareTable(DataTable):
         "NVMe wait",
         "comm/step",
         "bound by",
+        "opt threads, M params/s",
         "ckpt",
     )
 
@@ -269,6 +271,7 @@ class CompareTable(DataTable):
             fmt(s.nvme_wait_share, "{:.0%}"),
             human_bytes(s.comm_bytes_per_step) if finished else "-",
             bound_by(s),
+            f"{fmt_or_dash(s.cpu_threads, '{}')}, {optimizer_rate(s)}" if finished else "-",
             ckpt,
         ]
 

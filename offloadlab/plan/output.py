@@ -17,7 +17,7 @@ from offloadlab.plan.accounting import GiB, Links, Machine, Shape, params_text
 from offloadlab.plan.inputs import PlanInputs
 from offloadlab.plan.predict import Prediction, usable, usable_text
 from offloadlab.results.summary import Planned
-from offloadlab.spec import RunSpec, SpecError, apply_tuned, load_spec
+from offloadlab.spec import RunSpec, SpecError, apply_tuned, load_spec, strategy_from_store
 
 
 def plan_table(predictions: list[Prediction], title: str, machine: Machine) -> Table:
@@ -239,9 +239,11 @@ def planned_for_spec(path: Path, spec: RunSpec, shape: Shape) -> dict[str, Plann
 
 def _prediction_of(strategy, activation_checkpointing: bool, predictions: list[dict]) -> dict | None:
     """The plan lists a spec's strategy under a candidate's name when it is that candidate in all but name."""
-    settings = json.loads(json.dumps(strategy.model_dump(mode="json", exclude={"name"})))
+    settings = strategy.model_dump(exclude={"name"})
     for x in predictions:
-        same = {k: v for k, v in x["placement"].items() if k != "name"} == settings
+        # Read as a strategy: a plan written before a field existed has it at its default.
+        planned = strategy_from_store(x["placement"])
+        same = planned is not None and planned.model_dump(exclude={"name"}) == settings
         if x["strategy"] == strategy.name or (same and x["activation_checkpointing"] == activation_checkpointing):
             return x
     return None

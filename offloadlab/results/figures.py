@@ -59,6 +59,10 @@ class ModelFacts:
     """The host's RAM, what the process tree's RSS is held against."""
     gpu_budget_bytes: int | None = None
     """The GPU memory budget the run was held to (`gpu_memory_limit_gib`); None: the whole GPU."""
+    cpu_cores: tuple[int, ...] = ()
+    """The CPU ids rank 0 was bound to (one a physical core), where its CPU optimizer ran."""
+    cpu_threads: int | None = None
+    """The threads of rank 0's torch and OpenMP pools (its CPU optimizer's)."""
 
     @property
     def gpu_capacity_bytes(self) -> int | None:

@@ -106,6 +106,11 @@ class StrategySummary:
     phase_seconds: dict[str, float] | None = None
     """Mean seconds of a steady step in each of steps.PHASES and "other" (the rest of the step: data,
     hooks, waits outside the timed phases), rank 0; None without phase events."""
+    cpu_threads: int | None = None
+    """Threads rank 0's CPU optimizer ran on (its pinned physical cores)."""
+    cpu_cores: tuple[int, ...] = ()
+    params_per_rank: int | None = None
+    """Parameters each rank's optimizer steps (the model's over the ranks: every engine here shards it)."""
     nvme_wait_seconds: dict[str, float] | None = None
     """Of `phase_seconds`, the mean seconds rank 0 waited for its NVMe swaps to complete in each (the
     drive's time that compute did not hide); None where nothing swaps."""
@@ -131,6 +136,13 @@ class StrategySummary:
         if self.planned is None or not self.planned.step_s or not self.mean_step_time_s:
             return None
         return self.mean_step_time_s / self.planned.step_s
+
+    @property
+    def optimizer_params_per_s(self) -> float | None:
+        """Parameters rank 0's optimizer stepped a second over the steady steps' optimizer phase."""
+        if not self.phase_seconds or not self.phase_seconds.get("optimizer") or not self.params_per_rank:
+            return None
+        return self.params_per_rank / self.phase_seconds["optimizer"]
 
     @property
     def nvme_wait_share(self) -> float | None:
@@ -160,6 +172,7 @@ class StrategySummary:
             "nvme_gbps": self.nvme_gbps,
             "step_against_plan": self.step_against_plan,
             "nvme_wait_share": self.nvme_wait_share,
+            "optimizer_params_per_s": self.optimizer_params_per_s,
         }
 
 
@@ -341,6 +354,9 @@ def _summary(row, status: Status, reason: str | None, followed: FollowedStrategy
         first_loss=rank0[0].loss if rank0 else None,
         last_loss=rank0[-1].loss if rank0 else None,
         phase_seconds=_phase_seconds(followed, steady),
+        cpu_threads=facts.cpu_threads if facts else None,
+        cpu_cores=tuple(facts.cpu_cores) if facts else (),
+        params_per_rank=facts.n_params // facts.world_size if facts else None,
         nvme_wait_seconds=_mean_by_phase([followed.swap_wait[r.step] for r in steady if r.step in followed.swap_wait]),
         tuned_drive_gbps=getattr(strategy, "tuned_drive_gbps", None),
         planned=Planned.from_json(followed.events[PLAN_EVENT][-1]["detail"])

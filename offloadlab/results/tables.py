@@ -163,6 +163,7 @@ COLUMNS = (
         160,
     ),
     Column("PCIe GB/s\nof link", lambda s: _two(*pcie_against_link(s)), 160),
+    Column("opt threads\nM params/s", lambda s: _two(fmt_or_dash(s.cpu_threads, "{}"), optimizer_rate(s)), 160),
     Column("plan s\nstep/plan", lambda s: _two(*against_plan(s)), 200),
     Column(
         "comm/step\nbytes / s",
@@ -184,6 +185,12 @@ COLUMNS = (
         text=True,
     ),
 )
+
+
+def optimizer_rate(s: StrategySummary) -> str:
+    """Rank 0's optimizer: millions of parameters stepped a second in its phase of a steady step."""
+    rate = s.optimizer_params_per_s
+    return "-" if rate is None else f"{rate / 1e6:,.0f}"
 
 
 def compare_table(

@@ -29,6 +29,7 @@ from offloadlab.engines.deepspeed.buffers import (
 )
 from offloadlab.plan.accounting import GiB, Machine, Placement, Shape, shape_of_spec
 from offloadlab.spec import DeepSpeedStrategy, RunSpec
+from offloadlab.train.cores import cores_for_rank
 from offloadlab.train.gpu_budget import holds_a_gpu_of
 
 
@@ -117,6 +118,8 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> Shape:
 
         check_hf_model(spec.model, reads_text=spec.data.kind == "text")
     check_gpu_only_strategies(spec)
+    for strategy in spec.strategy:  # each rank binds itself to its cores: a count the host lacks is named now
+        cores_for_rank(0, spec.nproc, strategy.cpu_cores_per_rank)
     shape = shape_of_spec(spec)
     nvme = [s for s in spec.strategy if s.uses_nvme]
     if nvme:

@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 
 import psutil
+import torch
 
 from offloadlab.engines import engine_for
 from offloadlab.engines.base import Engine, build_engine
@@ -37,6 +38,7 @@ from offloadlab.telemetry.probes import device_memory_total, device_name
 from offloadlab.telemetry.sampler import SamplerProcess
 from offloadlab.train.checkpoint import restore_and_check
 from offloadlab.train.comm_meter import CommMeter
+from offloadlab.train.cores import cores_for_rank, pin_this_rank
 from offloadlab.train.gpu_budget import GiB, GpuBudget, GpuBudgetError
 from offloadlab.train.swap_meter import SwapMeter
 from offloadlab.train.trainer import StepWindow, run_steps
@@ -102,6 +104,8 @@ def record_model_facts(store: RunStore, strategy_id: int, spec: RunSpec, engine,
         device_memory_total(engine.ctx.device),
         psutil.virtual_memory().total,
         budget.budget_bytes if budget else None,
+        tuple(sorted(os.sched_getaffinity(0))),
+        torch.get_num_threads(),
     )
     now = time.time()
     store.add_events(strategy_id, 0, [(None, MODEL_FACTS_EVENT, now, now, json.dumps(asdict(facts)))])
@@ -191,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     strategy = spec.get_strategy(args.strategy)
     strategy_id = store.strategy_id(run["id"], strategy.name)
     ctx = DistContext.from_env()
+    cores = cores_for_rank(ctx.local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", 1)), strategy.cpu_cores_per_rank)
+    pin_this_rank(cores)
     budget = GpuBudget.for_rank(spec.gpu_memory_limit_gib, ctx.device)
     # Before any engine is built: DeepSpeed binds torch.distributed's functions when it starts, and its
     # swappers make their aio handles.
