@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, cli, write_spec
+from conftest import REPO, write_spec
 from offloadlab.engines import ops
 from offloadlab.results.store import RunStore
 
@@ -189,17 +189,40 @@ def test_a_build_killed_part_way_is_redone_by_the_next_run(tmp_path):
 
 @pytest.mark.slow
 def test_a_strategy_that_fails_for_a_reason_other_than_size_fails_the_run(tmp_path):
-    """'does not fit' is a result (exit 0); a failure is something to fix, and scripts must see it."""
-    short = tmp_path / "short.txt"
-    short.write_text("too short")  # 9 byte tokens; seq_len 32 needs 34
-    spec = write_spec(
-        tmp_path,
-        [dict(name="fsdp2", engine="fsdp2")],
-        data=dict(kind="text", path=str(short)),
-        verify_checkpoint=False,
-        steps=1,
-    )
-    proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
-    assert proc.returncode == 1, proc.stdout
-    assert "fsdp2: failed: SpecError: data.path" in proc.stdout
-    assert "fsdp2 failed (reasons above" in proc.stderr
+    """'does not fit' is a result (exit 0); a failure is something to fix, and scripts must see it. Here the
+    rank dies mid-run (killed by this test, by its PID; bad data is refused before any process now)."""
+    spec = write_spec(tmp_path, [dict(name="fsdp2", engine="fsdp2")], verify_checkpoint=False, steps=400)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "COLUMNS": "200"}
+    offloadlab = Path(sys.executable).parent / "offloadlab"
+    with subprocess.Popen(
+        [str(offloadlab), "run", str(spec), "--out", str(tmp_path / "run")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        deadline = time.monotonic() + 300
+        while not _steps_trained(tmp_path / "run") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        workers = [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if "offloadlab.train.worker" in " ".join(p.cmdline())
+        ]
+        assert workers, "no rank to stop"
+        workers[0].kill()
+        stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1, stdout
+    assert "fsdp2: failed: killed by SIGKILL" in " ".join(stdout.split())
+    assert "fsdp2 failed (reasons above" in stderr
+
+
+def _steps_trained(run_dir: Path) -> int:
+    try:
+        store = RunStore(run_dir)
+        try:
+            return sum(store.steps_trained(row["id"]) for row in store.strategies(store.run()["id"]))
+        finally:
+            store.close()
+    except Exception:  # noqa: BLE001 - not there yet
+        return 0
