@@ -34,8 +34,15 @@ def test_the_run_binds_each_rank_and_records_its_cores_threads_and_optimizer_rat
     assert by_name["zero2-cpu"]["cpu_threads"] == len(host) and by_name["zero2-cpu"]["cpu_cores"] == host
     assert by_name["fsdp2-one-core"]["cpu_threads"] == 1 and by_name["fsdp2-one-core"]["cpu_cores"] == host[:1]
     assert all(s["optimizer_params_per_s"] > 0 for s in by_name.values())
-    table = cli("compare", str(tmp_path / "run"), check=False).stdout
-    assert "opt threads" in table
+    from rich.console import Console
+
+    from offloadlab.results.store import RunStore
+    from offloadlab.results.summary import summarize
+    from offloadlab.results.tables import compare_table
+
+    console = Console(width=260, record=True)
+    console.print(compare_table(tmp_path / "run", summarize(RunStore(tmp_path / "run")), 260))
+    assert "opt threads" in console.export_text()
 
 
 def test_more_cores_than_the_host_has_is_refused_before_anything_starts(tmp_path):

@@ -163,7 +163,7 @@ COLUMNS = (
         160,
     ),
     Column("PCIe GB/s\nof link", lambda s: _two(*pcie_against_link(s)), 160),
-    Column("opt threads\nM params/s", lambda s: _two(fmt_or_dash(s.cpu_threads, "{}"), optimizer_rate(s)), 160),
+    Column("opt threads\nM params/s", lambda s: _two(fmt_or_dash(s.cpu_threads, "{}"), optimizer_rate(s)), 240),
     Column("plan s\nstep/plan", lambda s: _two(*against_plan(s)), 200),
     Column(
         "comm/step\nbytes / s",
