@@ -11,7 +11,7 @@ import pytest
 from test_hf import BATCH, WORDS, save_checkpoint, save_tokenizer, write_corpus
 
 from conftest import cli, write_spec
-from offloadlab.spec import DataSpec, load_spec
+from offloadlab.spec import DataSpec, SpecError, load_spec
 from offloadlab.workload import data
 from offloadlab.workload.data import TokenSource, run_tokens
 
@@ -76,21 +76,20 @@ def test_a_folder_without_a_tokenizer_is_named_with_the_fix(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def _text_spec(folder, model_folder, corpus: str):
+    """A one-strategy spec training the saved model on the text file `corpus` in folder."""
+    strategies = [dict(name="f", engine="fsdp2")]
+    data_spec = dict(kind="text", path=corpus)
+    return load_spec(write_spec(folder, strategies, **BATCH, model=dict(hf_model=str(model_folder)), data=data_spec))
+
+
 def test_text_is_tokenized_in_pieces_with_progress_as_one_document(tmp_path, model_folder, monkeypatch):
     """A plain text file is cut at line ends into pieces the tokenizer batches; the tokens are the whole
     file's, and progress reaches the file's size."""
     gen = np.random.default_rng(0)
     lines = [" ".join(gen.choice(WORDS, 9)) for _ in range(400)]
     (tmp_path / "corpus.txt").write_text("\n".join(lines) + "\n")
-    spec = load_spec(
-        write_spec(
-            tmp_path,
-            [dict(name="f", engine="fsdp2")],
-            **BATCH,
-            model=dict(hf_model=str(model_folder)),
-            data=dict(kind="text", path="corpus.txt"),
-        )
-    )
+    spec = _text_spec(tmp_path, model_folder, "corpus.txt")
     seen: list[tuple[int, int]] = []
     monkeypatch.setattr(data, "CHUNK_BYTES", 512)
     pieces = run_tokens(spec, lambda done, total: seen.append((done, total)))
@@ -102,18 +101,30 @@ def test_text_is_tokenized_in_pieces_with_progress_as_one_document(tmp_path, mod
 
 
 def test_the_ranks_read_the_parents_tokens(tmp_path, model_folder):
-    """The cache in the run folder is what a rank trains on (and it is gone once the run ends)."""
+    """The cache in the run folder is what a rank trains on, not the corpus read again."""
     write_corpus(tmp_path / "corpus.jsonl")
-    spec = load_spec(
-        write_spec(
-            tmp_path,
-            [dict(name="f", engine="fsdp2")],
-            **BATCH,
-            model=dict(hf_model=str(model_folder)),
-            data=dict(kind="text", path="corpus.jsonl"),
-        )
-    )
+    spec = _text_spec(tmp_path, model_folder, "corpus.jsonl")
     tokens = run_tokens(spec)
     np.save(tmp_path / "tokens.npy", tokens[::-1].copy())  # a cache unlike the corpus: the rank must read it
     cached = TokenSource.for_run(spec, tmp_path / "tokens.npy")
     assert np.array_equal(cached.tokens, tokens[::-1]) and not np.array_equal(cached.tokens, tokens)
+
+
+def test_a_token_file_is_checked_once_by_the_parent_and_mapped_by_the_ranks(tmp_path):
+    """The parent scans a token file (its length and largest id) before anything starts; each rank maps it
+    without scanning it again, and trains on it."""
+    tokens = np.random.default_rng(0).integers(0, 256, 4096).astype(np.int32)
+    np.save(tmp_path / "ids.npy", tokens)
+    spec_path = write_spec(
+        tmp_path,
+        [dict(name="fsdp2", engine="fsdp2")],
+        steps=2,
+        verify_checkpoint=False,
+        data=dict(kind="tokens", path="ids.npy"),
+    )
+    cli("run", str(spec_path), "--out", str(tmp_path / "run"))
+    np.save(tmp_path / "ids.npy", np.full(64, 10_000, dtype=np.int32))  # now beyond the vocabulary
+    with pytest.raises(SpecError, match="token id 10000 >= vocab_size"):
+        run_tokens(load_spec(spec_path))
+    mapped = TokenSource.for_run(load_spec(spec_path), tmp_path / "run" / "tokens.npy")
+    assert int(mapped.tokens.max()) == 10_000  # read as the parent left it: not checked a second time

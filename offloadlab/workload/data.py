@@ -71,8 +71,13 @@ class TokenSource:
     @classmethod
     def for_run(cls, spec: RunSpec, cache: Path | None = None) -> "TokenSource":
         """The run's data for its model; cache: the tokens the parent read and checked (`run_tokens`), saved
-        in the run folder for every rank (a 1 GB corpus took each rank minutes to tokenize again)."""
-        tokens = np.load(cache, mmap_mode="r") if cache is not None and cache.is_file() else None
+        in the run folder for every rank (a 1 GB corpus took each rank minutes to tokenize again). A token
+        file the parent checked too: each rank maps it without scanning it again."""
+        tokens = None
+        if cache is not None and cache.is_file():
+            tokens = np.load(cache, mmap_mode="r")
+        elif cache is not None and spec.data.kind == "tokens":
+            tokens = _load_tokens(spec.data, None, lambda done, total: None)
         return cls(spec.data, run_vocab_size(spec), spec.seq_len, spec.seed, tokenizer_folder(spec), tokens)
 
 
