@@ -215,6 +215,12 @@ class DeepSpeedStrategy(_Strict):
     """DeepSpeed's SuperOffload (ZeRO-3, optimizer on the CPU; made for Grace-Hopper superchips)."""
     cpuadam_cores_perc: float = Field(default=0.8, gt=0, le=1)
     """super_offload: the share of CPU cores its CPU Adam workers use."""
+    bf16_master_weights: bool = False
+    """DeepSpeed's bf16_master_weights_and_grads and bf16_optimizer_states (precision = "bf16",
+    offload_optimizer = "cpu"): the offloaded master weights, gradients and Adam moments in bf16, 8 bytes a
+    parameter instead of 16: less host memory and traffic for the CPU step, not exact AdamW. Both together:
+    with fp32 moments beside bf16 masters a restored checkpoint's moments differ (torch's load_state_dict
+    casts them to the parameters' bf16; the checkpoint check caught it)."""
     zenflow: ZenFlowSettings | None = None
     """DeepSpeed's ZenFlow (optimizer on the CPU): a [strategy.zenflow] table turns it on."""
     aio: AioSettings = AioSettings()
@@ -246,14 +252,18 @@ class DeepSpeedStrategy(_Strict):
             raise ValueError('zenflow needs offload_optimizer = "cpu" (it splits the update between GPU and CPU)')
         if self.zenflow is not None and self.super_offload:
             raise ValueError("choose zenflow or super_offload: DeepSpeed runs one CPU optimizer")
+        if self.bf16_master_weights and self.offload_optimizer != "cpu":
+            # DeepSpeed 0.19.8 asserts that bf16 masters are stepped by its CPU Adam (ZeRO-Offload).
+            raise ValueError('bf16_master_weights needs offload_optimizer = "cpu"')
         return self
 
     @property
     def exact(self) -> bool:
         """Whether each step applies exact AdamW as ZeRO does. ZenFlow's selective updates do not.
         SuperOffload is meant to, but on an H200 its losses left ZeRO-3's at step 12 (+6.5%, after 11 steps
-        within 2e-4; bench/results/2026-12-04-h200-s11): it is held to the exact ones' last loss too."""
-        return self.zenflow is None and not self.super_offload
+        within 2e-4; bench/results/2026-12-04-h200-s11): it is held to the exact ones' last loss too.
+        bf16 master weights round every update to bf16."""
+        return self.zenflow is None and not self.super_offload and not self.bf16_master_weights
 
     @property
     def offloads(self) -> bool:
@@ -382,6 +392,8 @@ class RunSpec(_Strict):
             raise ValueError(
                 "zenflow takes over DeepSpeed's gradient accumulation for its update_interval: set grad_accum = 1"
             )
+        if self.precision != "bf16" and any(getattr(s, "bf16_master_weights", False) for s in self.strategy):
+            raise ValueError('bf16_master_weights keeps bf16 copies of a bf16 model: set precision = "bf16"')
         if self.verify_checkpoint and self.steps < 2:
             raise ValueError("verify_checkpoint needs steps >= 2 (save at step k, compare step k+1)")
         if self.checkpoint_step >= self.steps:

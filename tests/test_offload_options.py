@@ -79,6 +79,13 @@ def _strategy(**keys) -> dict:
             {},
             "did you mean 'update_interval'?",
         ),
+        (_strategy(zero_stage=2, bf16_master_weights=True), {"precision": "bf16"}, 'needs offload_optimizer = "cpu"'),
+        (
+            _strategy(zero_stage=3, offload_optimizer="nvme", bf16_master_weights=True),
+            {"precision": "bf16", "nvme_path": "."},
+            'needs offload_optimizer = "cpu"',
+        ),
+        (_strategy(zero_stage=2, offload_optimizer="cpu", bf16_master_weights=True), {}, 'set precision = "bf16"'),
     ],
 )
 def test_bad_option_combinations_are_refused_by_name(strategy, extra, message):
@@ -89,12 +96,23 @@ def test_bad_option_combinations_are_refused_by_name(strategy, extra, message):
 def test_only_plain_zero_and_fsdp2_count_as_exact_adamw():
     """What compare holds to an exact strategy's last loss: ZenFlow by design, SuperOffload as measured."""
     exact = {
-        name: parse_spec({**TINY, "strategy": [_strategy(name=name, zero_stage=3, offload_optimizer="cpu", **extra)]})
+        name: parse_spec(
+            {
+                **TINY,
+                "precision": "bf16",
+                "strategy": [_strategy(name=name, zero_stage=3, offload_optimizer="cpu", **extra)],
+            }
+        )
         .strategy[0]
         .exact
-        for name, extra in (("zero3", {}), ("super", {"super_offload": True}), ("zenflow", {"zenflow": {}}))
+        for name, extra in (
+            ("zero3", {}),
+            ("super", {"super_offload": True}),
+            ("zenflow", {"zenflow": {}}),
+            ("bf16-master", {"bf16_master_weights": True}),
+        )
     }
-    assert exact == {"zero3": True, "super": False, "zenflow": False}
+    assert exact == {"zero3": True, "super": False, "zenflow": False, "bf16-master": False}
 
 
 def test_super_offload_without_a_gpu_is_refused_before_any_work(tmp_path):
@@ -212,3 +230,30 @@ def test_practicality_falls_back_to_a_stored_run_of_the_same_model_batch_and_gpu
         assert s.practicality_baseline == "base/fsdp2"
         assert s.practicality == pytest.approx(s.tokens_per_s / stored["fsdp2"].tokens_per_s)
     assert "practical: tokens/s over base/fsdp2's" in cli("compare", str(own)).stdout
+
+
+@pytest.mark.slow
+def test_bf16_master_weights_train_near_exact_adamw_and_restore(tmp_path):
+    """DeepSpeed's bf16 master weights, gradients and Adam moments beside the exact fp32 ones, from the same
+    start: the updates are rounded (not exact AdamW), a checkpoint restores every state entry, and compare
+    holds the last loss against ZeRO-2's."""
+    exact = _strategy(name="zero2-cpu", zero_stage=2, offload_optimizer="cpu")
+    bf16 = [
+        _strategy(name=f"zero{stage}-cpu-bf16", zero_stage=stage, offload_optimizer="cpu", bf16_master_weights=True)
+        for stage in (2, 3)
+    ]
+    spec = write_spec(tmp_path, [exact, *bf16], **TINY, precision="bf16", steps=5)
+    cli("run", str(spec), "--out", str(tmp_path / "run"))
+    store = RunStore(tmp_path / "run")
+    losses = {row["name"]: [r.loss for r in store.steps(row["id"])] for row in store.strategies(store.run()["id"])}
+    summaries = {s.name: s for s in summarize(store)}
+    for name in ("zero2-cpu-bf16", "zero3-cpu-bf16"):
+        s = summaries[name]
+        assert s.checkpoint_verified, s.checkpoint_detail
+        assert s.exact is False
+        assert losses[name][0] == pytest.approx(losses["zero2-cpu"][0], rel=1e-6)
+        assert losses[name] == pytest.approx(losses["zero2-cpu"], rel=1e-2)
+        assert losses[name][2:] != pytest.approx(losses["zero2-cpu"][2:], rel=1e-6)  # the option took effect
+        assert s.last_loss_deviation == pytest.approx(
+            (losses[name][-1] - losses["zero2-cpu"][-1]) / losses["zero2-cpu"][-1], rel=1e-3
+        )

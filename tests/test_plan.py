@@ -309,6 +309,28 @@ def test_what_the_plan_calls_pinned_is_the_buffers_the_engines_pin(world):
     assert zero3.host_pageable["optimizer states"] == pytest.approx(12 * shape.n_params / world)
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bf16_master_weights_halve_the_offloaded_optimizer_and_zero2s_gradient_traffic(stage):
+    """bf16_master_weights_and_grads with bf16_optimizer_states: master, gradient, m and v in bf16 on the
+    host, 8 bytes a parameter instead of 16; ZeRO-1/2 send bf16 gradients down, not fp32 ones."""
+    shape, world = _shape("gpt-1.4b"), 2
+    fp32, bf16 = (_zero(f"z{stage}c", stage, "cpu", bf16_master_weights=on) for on in (False, True))
+    states = {}
+    for p in (fp32, bf16):
+        m = deepspeed.model_states(p, shape, world)
+        states[p.strategy.bf16_master_weights] = (
+            m.host_pinned["optimizer states"] + m.host_pageable["optimizer states"],
+            m.host_pinned["optimizer states"],
+        )
+        pinned = deepspeed.memory(p, shape, world, None, True).pinned_bytes
+        assert pinned == pytest.approx(sum(deepspeed.pinned_buffers(p, shape, world, None)))
+    assert states[False][0] == pytest.approx(16 * shape.n_params / world)
+    assert states[True][0] == pytest.approx(8 * shape.n_params / world)
+    assert states[True][1] == pytest.approx(states[False][1] / 2)
+    down = {p.strategy.bf16_master_weights: step_bytes(p, shape, world)["pcie_d2h"] for p in (fp32, bf16)}
+    assert down[True] == pytest.approx(down[False] / (2 if stage == 2 else 1))
+
+
 @pytest.mark.parametrize("world", [1, 8])
 def test_without_pin_memory_only_the_buffers_deepspeed_always_pins_stay_pinned(world):
     """pin_memory = false leaves the optimizer's buffers pageable (stage_1_and_2, stage3 check it), but

@@ -73,7 +73,14 @@ def deepspeed_config(spec: RunSpec, strategy: DeepSpeedStrategy, world_size: int
             "type": "AdamW",
             "params": {"lr": spec.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": spec.weight_decay},
         },
-        "bf16": {"enabled": spec.precision == "bf16"},
+        "bf16": {
+            "enabled": spec.precision == "bf16",
+            **(
+                {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+                if strategy.bf16_master_weights
+                else {}
+            ),
+        },
         "zero_optimization": zero,
         "aio": strategy.aio.model_dump(),
         "steps_per_print": 2**31 - 1,

@@ -3,9 +3,10 @@
 Model states follow the ZeRO paper's accounting, in the precisions the two engines really keep:
 - DeepSpeed, bf16: 16-bit parameters and gradients (2 + 2 bytes), and for the optimizer an fp32 master,
   an fp32 gradient partition and Adam's m and v (4 + 4 + 8). fp32: 4-byte parameters and gradients,
-  Adam 8, no master copy. ZeRO-1 partitions the optimizer, ZeRO-2 also the gradients, ZeRO-3 also the
-  parameters; ZeRO-3 additionally holds the layer being gathered (16-bit parameter + gradient, DeepSpeed's
-  own `largest_layer_memory`).
+  Adam 8, no master copy; with bf16_master_weights the four optimizer states are bf16 (8 bytes).
+  ZeRO-1 partitions the optimizer, ZeRO-2 also the gradients, ZeRO-3 also the parameters; ZeRO-3
+  additionally holds the layer being gathered (16-bit parameter + gradient, DeepSpeed's own
+  `largest_layer_memory`).
 - FSDP2: fp32 sharded parameters and gradients (reduce in fp32) and Adam m, v on the shard: 16 bytes a
   parameter / N, plus the 16-bit copy of the block being gathered (MixedPrecisionPolicy). The gradients
   exist only from backward to zero_grad, so the GPU peaks either at the forward/backward turn (activations)
@@ -40,13 +41,17 @@ class ModelStateBytes:
     param: int
     """The model's dtype: 2 for bf16, 4 for fp32."""
     grad: int
-    optimizer: int = 16
-    """fp32 master partition, fp32 gradient partition, Adam m and v (DeepSpeed keeps the fp32 copies in
-    fp32 training too)."""
+    master: int = 4
+    """The optimizer's master partition, its gradient partition and each of Adam's m and v: fp32 (DeepSpeed
+    keeps them in fp32 training too), or bf16 with bf16_master_weights."""
+
+    @property
+    def optimizer(self) -> int:
+        return 4 * self.master
 
     @classmethod
-    def deepspeed(cls, param_bytes: int) -> "ModelStateBytes":
-        return cls(param=param_bytes, grad=param_bytes)
+    def deepspeed(cls, param_bytes: int, bf16_master_weights: bool = False) -> "ModelStateBytes":
+        return cls(param=param_bytes, grad=param_bytes, master=2 if bf16_master_weights else 4)
 
 
 def _place_of(device: str) -> str:
@@ -102,7 +107,8 @@ def params_on_nvme(p: Placement, shape: Shape, world: int) -> float:
 
 def model_states(p: Placement, shape: Shape, world: int) -> Memory:
     """Parameters, gradients and optimizer states of one rank (NVMe: of the host, all its ranks)."""
-    m, n, b = Memory(), shape.n_params, ModelStateBytes.deepspeed(shape.param_bytes)
+    m, n = Memory(), shape.n_params
+    b = ModelStateBytes.deepspeed(shape.param_bytes, p.strategy.bf16_master_weights)
     params_here = n / world if p.strategy.zero_stage == 3 else n
     if p.strategy.offload_param == "nvme":
         m.add("host_pinned", "parameters (max_in_cpu)", b.param * min(params_here, p.strategy.max_in_cpu))
@@ -141,9 +147,9 @@ def model_states(p: Placement, shape: Shape, world: int) -> Memory:
         if p.strategy.offload_optimizer == "nvme":
             m.add("nvme", "optimizer states", optimizer * share * world)
         else:
-            # Pinned: the fp32 gradient of each sub-group (stage3), or the fp32 partition and its gradient
+            # Pinned: the master gradient of each sub-group (stage3), or the master partition and its gradient
             # (stage_1_and_2), as pinned_buffers lists them; Adam's m and v are CPU Adam's own pageable state.
-            pinned = (4 if p.strategy.zero_stage == 3 else 8) * share * n / world
+            pinned = (1 if p.strategy.zero_stage == 3 else 2) * b.master * share * n / world
             m.add(pinned_if_asked(p.strategy), "optimizer states", pinned)
             m.add("host_pageable", "optimizer states", optimizer * share - pinned)
         if share < 1.0:
@@ -196,11 +202,12 @@ def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers 
     gradient buffer (stage3); whatever it says, the parameters kept in RAM (stage3's flat buffer,
     _create_param_groups_fp16_flat_cpu_memory) and the swap buffers."""
     s, b, n = p.strategy, shape.param_bytes, shape.n_params
+    master = ModelStateBytes.deepspeed(b, s.bf16_master_weights).master
     if_asked: list[float] = []
     if s.offload_optimizer == "cpu" and s.zero_stage < 3:
-        if_asked += [4 * n / world, 4 * n / world, b * n / world, b * shape.largest_param_numel]
+        if_asked += [master * n / world, master * n / world, b * n / world, b * shape.largest_param_numel]
     elif s.offload_optimizer == "cpu":
-        if_asked += [4 * g for g in host_sub_groups(p, shape, world)]
+        if_asked += [master * g for g in host_sub_groups(p, shape, world)]
     if s.zero_stage == 3 and s.offload_optimizer != "none":
         if_asked.append(b * math.ceil(n / world))
     out = if_asked if s.pin_memory else []
@@ -223,8 +230,9 @@ def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
         out["nvme_write"] += b * params_on_nvme(p, shape, world)  # the updated 16-bit parameters
     if p.strategy.offload_optimizer != "none":
         # Gradients, every micro-batch: ZeRO-3 copies them 16-bit into a pinned buffer, ZeRO-1/2 convert
-        # them to fp32 on the GPU first (stage_1_and_2.async_inplace_copy_grad_to_fp32_buffer_from_gpu).
-        grad_bytes = b if p.strategy.zero_stage == 3 else 4
+        # them to the master's dtype on the GPU first (async_inplace_copy_grad_to_fp32_buffer_from_gpu).
+        master = ModelStateBytes.deepspeed(b, p.strategy.bf16_master_weights).master
+        grad_bytes = b if p.strategy.zero_stage == 3 else master
         share = host_optimizer_share(p, shape, world)
         out["pcie_d2h"] += k * grad_bytes * n / world * share
         out["pcie_h2d"] += param_upload_bytes(p, shape, world)
