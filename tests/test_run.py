@@ -281,7 +281,7 @@ def test_compare_with_long_names_gives_up_the_widest_layouts_last_columns_first(
     assert all(c.header in shown for c in COLUMNS if c.width == 0)
 
 
-def test_a_rank_killed_by_a_signal_is_named_by_its_last_words_not_torchruns_report():
+def test_a_failed_rank_is_named_by_its_last_words_not_torchruns_report():
     """A rank that aborts leaves torchrun's report last; the reason was its "=====" rule."""
     from offloadlab.run.runner import crash_reason
 
@@ -300,3 +300,10 @@ def test_a_rank_killed_by_a_signal_is_named_by_its_last_words_not_torchruns_repo
     reason = crash_reason(1, output.replace(rank, f"{mlock}\n{rank}"))
     assert reason.startswith(f"a rank died of SIGABRT: {mlock}") and "raise ulimit -l" in reason
     assert crash_reason(1, "$ torchrun ...\nValueError: bad spec\n") == "exited with code 1: ValueError: bad spec"
+    # A rank that exits with an error of its own before offloadlab can record it (seen on a GPU host whose
+    # ranks could not import offloadlab): its words, not the report's rule.
+    missing = "python3: Error while finding module specification for 'offloadlab.train.worker'"
+    exited = (
+        output.replace(rank, missing).replace("exitcode: -6", "exitcode: 1").replace("-6 (pid: 3814)  (SIGABRT)", "1")
+    )
+    assert crash_reason(1, exited) == f"exited with code 1: {missing}"

@@ -1,10 +1,11 @@
 """What every placement's prediction is made of, whatever its engine: the model's shape, bytes by place,
 the machine, measured link rates, and activations.
 
-Activations: what autograd saves per block and token (flash/efficient attention, so no seq^2 term), by
-block family: the GPT's `model.Block` (`gpt_block_activation_bytes`) or a Llama-family decoder layer
-(`decoder_block_activation_bytes`), each checked against a real block's saved tensors in tests. With
-activation checkpointing only the block's input is kept, plus one block's worth while recomputing.
+Activations: what autograd saves per block and token: the GPT's `model.Block` by formula
+(`gpt_block_activation_bytes`, flash attention, no seq^2 term), a Hugging Face model's decoder layer counted
+on its own code (`plan/activations.py`, whatever attention it runs), each checked against a real block's
+saved tensors in tests. With activation checkpointing only the block's input is kept, plus one block's
+worth while recomputing (an upper bound: the recompute and the loss's logits are not live together).
 The loss adds the logits (16-bit) and their fp32 copy and gradient, per micro-batch.
 """
 

@@ -140,21 +140,22 @@ def _printed(output: str) -> list[str]:
 
 
 def crash_reason(rc: int, output: str) -> str:
-    """Why a launch failed, from its output. Where torchrun says a rank died of a signal, its last words
-    before torchrun's report (an op's failed assertion; DeepSpeed's "mlock failed ..." before the assertion
-    it trips), not the report's last line."""
+    """Why a launch failed, from its output: a rank's last words before torchrun's report (an op's failed
+    assertion; DeepSpeed's "mlock failed ..." before the assertion it trips; a rank that could not import
+    offloadlab), not the report's last line, which is its "=====" rule."""
+    report = output.find("failed (exitcode")
+    said = [line for line in _printed(output if report < 0 else output[:report]) if not TORCHRUN_LOG_LINE.match(line)]
+    last = said[-1][:300] if said else "no output"
     died = re.search(r"exitcode\s*: -\d+ \(pid: \d+\)\s*\((SIG\w+)\)", output)
     if died is None:
-        lines = _printed(output)
-        return f"exited with code {rc}: {lines[-1][:300] if lines else 'no output'}"
-    said = [line for line in _printed(output[: output.find("failed (exitcode")]) if not TORCHRUN_LOG_LINE.match(line)]
+        return f"exited with code {rc}: {last}"
     mlock = next((line for line in said if line.startswith("mlock failed")), None)
     if mlock:
         return (
             f"a rank died of {died[1]}: {mlock[:200]}: DeepSpeed could not page-lock its NVMe swap buffers; "
             "raise ulimit -l (or run with CAP_IPC_LOCK)"
         )
-    return f"a rank died of {died[1]}: {said[-1][:300] if said else 'no output'}"
+    return f"a rank died of {died[1]}: {last}"
 
 
 def oom_kills() -> int:
