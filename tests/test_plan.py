@@ -847,3 +847,24 @@ def test_plan_write_writes_the_files_it_wrote_before_the_engines_had_rooms(tmp_p
             written[path.name] = path.read_text().replace(str(tmp_path), "TMP")
     golden = Path(__file__).parent / "golden" / "plan_write"
     assert written == {p.name: p.read_text() for p in golden.iterdir()}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_block_of_every_preset_is_measured_on_the_cpu(preset):
+    """Without a GPU the block is narrowed to fewer heads of the same size: gpt-760m's heads of 96 did not
+    divide the 1024 it was narrowed to (a traceback from `plan --model gpt-760m` on a machine without a GPU)."""
+    from offloadlab.measure.links import measure_block_flops
+
+    assert measure_block_flops(PRESETS[preset], 64, 1, "bf16", repeats=1) > 0
+
+
+def test_plan_with_tflops_measures_no_block(tmp_path, monkeypatch):
+    from offloadlab.measure import links
+
+    def refuse(*_):
+        raise AssertionError("--tflops was given: no block is measured")
+
+    monkeypatch.setattr(links, "measure_block_flops", refuse)
+    request = PlanRequest(preset="gpt-760m", gpu_mem_gib=24, tflops=300, pcie_gbps=25, tuned_dir=tmp_path)
+    inputs = PlanInputs.gather(request, Console(file=io.StringIO()))
+    assert inputs.links.flops_per_s == 300e12 and inputs.links.flops_source == "given with --tflops"

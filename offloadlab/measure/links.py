@@ -177,9 +177,10 @@ def measure_block_flops(cfg: GPTConfig, seq_len: int, micro_batch: int, precisio
     cuda = torch.cuda.is_available()
     dtype = torch.bfloat16 if precision == "bf16" and cuda else torch.float32
     if not cuda:
+        # Fewer heads of the same size: a width that is not a multiple of the head size cannot be split.
         head_dim = cfg.d_model // cfg.n_heads
-        d = min(cfg.d_model, CPU_BLOCK_MAX_D)
-        cfg = replace(cfg, d_model=d, n_heads=max(1, d // head_dim))
+        n_heads = max(1, min(cfg.n_heads, CPU_BLOCK_MAX_D // head_dim))
+        cfg = replace(cfg, d_model=n_heads * head_dim, n_heads=n_heads)
         seq_len = min(seq_len, CPU_BLOCK_MAX_TOKENS)
         micro_batch = max(1, min(micro_batch, CPU_BLOCK_MAX_TOKENS // seq_len))
     device = "cuda" if cuda else "cpu"

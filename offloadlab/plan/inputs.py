@@ -148,9 +148,10 @@ class PlanInputs:
         gpu_mem_gib = 0 if r.gpu_mem_gib == 0 else spec.gpu_memory_limit_gib
         machine = detect_machine(gpus, gpu_mem_gib, r.host_mem_gib, nvme_path)
         tuned_dir = r.tuned_dir or _newest_tune()
-        links = links or measure_links(spec, cfg, machine, nvme_path, tuned_dir, console)
-        if r.tflops:
-            links = replace(links, flops_per_s=r.tflops * 1e12, flops_source="given with --tflops")
+        given_flops_per_s = r.tflops * 1e12 if r.tflops else None
+        links = links or measure_links(spec, cfg, machine, nvme_path, tuned_dir, console, given_flops_per_s)
+        if given_flops_per_s:  # links passed in were measured for another request
+            links = replace(links, flops_per_s=given_flops_per_s, flops_source="given with --tflops")
         if r.pcie_gbps:
             links = replace(links, pcie_h2d=r.pcie_gbps * 1e9, pcie_d2h=r.pcie_gbps * 1e9)
         nvme = next((s for s in spec.strategy if s.swaps_parameters), None)

@@ -22,11 +22,16 @@ def measure_links(
     nvme_path: Path | None,
     tuned_dir: Path | None,
     console: Console,
+    given_flops_per_s: float | None = None,
 ) -> Links:
+    """The machine's links and compute rate; given_flops_per_s (`--tflops`) skips measuring a block."""
     ensure_built(("cpu_adam", "async_io") if nvme_path is not None else ("cpu_adam",), announce_on(console))
-    with measure.own_inductor_cache(), console.status(
-        "measuring links: PCIe copies, Adam on CPU (DeepSpeed's op) and device, host passes, "
-        "one block's forward and backward, NVMe"
+    with (
+        measure.own_inductor_cache(),
+        console.status(
+            "measuring links: PCIe copies, Adam on CPU (DeepSpeed's op) and device, host passes, "
+            "one block's forward and backward, NVMe"
+        ),
     ):
         pcie = measure.measure_pinned_copy()
         nvme = measure.nvme_from_tune_store(tuned_dir) if tuned_dir else None
@@ -54,6 +59,7 @@ def measure_links(
             device_fused_adam_params_per_s=device_adam[1],
             converting_upload_params_per_s=measure.measure_converting_upload_params_per_s() if pcie else None,
             host_passes_params_per_s=measure.measure_host_passes_params_per_s(),
-            flops_per_s=measure.measure_block_flops(cfg, spec.seq_len, spec.micro_batch, spec.precision),
-            flops_source=BLOCK_MEASURED,
+            flops_per_s=given_flops_per_s
+            or measure.measure_block_flops(cfg, spec.seq_len, spec.micro_batch, spec.precision),
+            flops_source="given with --tflops" if given_flops_per_s else BLOCK_MEASURED,
         )
