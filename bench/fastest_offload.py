@@ -1,13 +1,14 @@
 """Issue 22 on one GPU: the fastest offload for a model that does not fit, judged by throughput, stalls,
 practicality and loss, with the planner's GPU peak beside the measured one.
 
-    python bench/fastest_offload.py split configs/fastest_offload_h200.toml DIR   # DIR/a.toml, b.toml, c.toml
+    python bench/fastest_offload.py split configs/fastest_offload_h200.toml DIR   # DIR/a.toml ... d.toml
     offloadlab run DIR/a.toml --out RUN_A; offloadlab run DIR/b.toml --out RUN_B    # back to back, one machine
     python bench/fastest_offload.py table RUN_A RUN_B
 
 Each part runs FSDP2 without offload too, so each run's practicality and loss deviation are its own; the
 parts exist only because one device call is limited to 10 minutes. Part c is SuperOffload beside its
-ZeRO-3 counterpart, for a machine where b's time ran out before it.
+ZeRO-3 counterpart, for a machine where b's time ran out before it; part d the options of issue 37 (bf16
+master weights, ZenFlow with automatic selection and a long update interval) beside exact ZeRO-2.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ PARTS = {
     "a": ("fsdp2", "zero2-cpu", "zero2-cpu-zenflow", "fsdp2-cpu-dsadam"),
     "b": ("fsdp2", "fsdp2-cpu-offload", "zero3-cpu", "zero3-opt-cpu", "zero3-opt-cpu-super"),
     "c": ("zero3-opt-cpu-super", "zero3-opt-cpu", "fsdp2"),
+    "d": ("fsdp2", "zero2-cpu", "zero2-cpu-bf16", "zero2-cpu-zenflow-auto16"),
 }
 
 
