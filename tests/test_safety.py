@@ -395,6 +395,19 @@ def test_broken_stores_give_one_line_and_are_not_written(tmp_path, world1, conte
     assert sorted(p.name for p in run_dir.iterdir()) == [DB_NAME]
 
 
+def test_a_folder_of_runs_is_answered_with_the_runs_in_it(tmp_path, world1):
+    """`compare runs/` (the default --out's parent) said "not an offloadlab run directory"."""
+    runs = tmp_path / "runs"
+    for name in ("older", "newer"):
+        shutil.copytree(world1, runs / name)
+        os.utime(runs / name / DB_NAME, (1e9, 1e9) if name == "older" else None)
+    for verb in ("compare", "report"):
+        proc = cli(verb, str(runs), check=False)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"{runs} is a folder of 2 runs (newer, older): pass one, e.g. {runs / 'newer'}" in flat(proc.stderr)
+    assert sorted(p.name for p in runs.iterdir()) == ["newer", "older"]
+
+
 def test_reading_a_finished_store_creates_nothing_beside_it(world1, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(world1, copy)

@@ -172,9 +172,21 @@ def _read_only_mode(path: Path) -> str:
     return "" if RunDir(path.parent).is_live() else "&readonly_shm=1"
 
 
+def runs_in(folder: Path) -> list[Path]:
+    """The run folders directly inside folder, newest first."""
+    if not folder.is_dir():
+        return []
+    runs = [p for p in folder.iterdir() if (p / DB_NAME).is_file()]
+    return sorted(runs, key=lambda p: (p / DB_NAME).stat().st_mtime, reverse=True)
+
+
 def connect_read_only(run_dir: Path) -> sqlite3.Connection:
     path = Path(run_dir) / DB_NAME
     if not path.is_file():
+        runs = runs_in(Path(run_dir))
+        if runs:
+            shown = ", ".join(r.name for r in runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
+            raise StoreError(f"{run_dir} is a folder of {len(runs)} runs ({shown}): pass one, e.g. {runs[0]}")
         raise StoreError(f"{run_dir} holds no {DB_NAME}: not an offloadlab run directory")
     if path.stat().st_size == 0:
         raise StoreError(f"{path} is empty: not an offloadlab run store")
