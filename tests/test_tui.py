@@ -172,6 +172,26 @@ def test_keys_move_between_screens_and_open_a_run(root):
     asyncio.run(scenario())
 
 
+def test_a_run_opened_by_path_lists_the_runs_beside_it(root, tmp_path, monkeypatch):
+    """`offloadlab tui OUT/RUN` from elsewhere: `r` said "no run directories under runs yet"."""
+    from tui.app import root_of
+
+    monkeypatch.chdir(tmp_path)  # no ./runs here
+    run = root / "world1"
+    assert root_of(run, None) == root.resolve() and root_of(run, tmp_path) == tmp_path
+    assert root_of(None, None) == Path("runs")
+
+    async def scenario():
+        app = make_app(root=root_of(run, None), run_dir=run, poll_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await go(pilot, "r", RunsScreen)
+            runs = app.screen.query_one("#runs", DataTable)
+            await wait_until(pilot, lambda: runs.row_count == 2)
+            assert {runs.get_row_at(i)[0] for i in range(2)} == {"world1", "tune-quick"}
+
+    asyncio.run(scenario())
+
+
 def test_a_run_that_appears_while_open_is_picked_up(tmp_path, world1):
     root = tmp_path / "runs"
     root.mkdir()

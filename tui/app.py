@@ -81,7 +81,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "run_dir", nargs="?", type=Path, help="A run or tune directory (default: follow the newest under --root)"
     )
-    parser.add_argument("--root", type=Path, default=Path("runs"), help="Where run directories live")
+    parser.add_argument(
+        "--root", type=Path, help="Where run directories live (default: the given run's folder, else ./runs)"
+    )
     parser.add_argument("--poll", type=float, default=1.0, help="Seconds between reads of the run store")
     args = parser.parse_args(argv)
-    make_app(root=args.root, run_dir=args.run_dir, poll_s=args.poll).run()
+    make_app(root=root_of(args.run_dir, args.root), run_dir=args.run_dir, poll_s=args.poll).run()
+
+
+def root_of(run_dir: Path | None, root: Path | None) -> Path:
+    """Where the runs screen lists runs: --root, else beside the run given (`offloadlab tui OUT/RUN` lists
+    OUT, not a ./runs that may not exist), else ./runs."""
+    if root is not None:
+        return root
+    return run_dir.resolve().parent if run_dir is not None else Path("runs")
