@@ -866,5 +866,18 @@ def test_plan_with_tflops_measures_no_block(tmp_path, monkeypatch):
 
     monkeypatch.setattr(links, "measure_block_flops", refuse)
     request = PlanRequest(preset="gpt-760m", gpu_mem_gib=24, tflops=300, pcie_gbps=25, tuned_dir=tmp_path)
-    inputs = PlanInputs.gather(request, Console(file=io.StringIO()))
+    printed = io.StringIO()
+    inputs = PlanInputs.gather(request, Console(file=printed))
     assert inputs.links.flops_per_s == 300e12 and inputs.links.flops_source == "given with --tflops"
+    assert "warning" not in printed.getvalue()
+
+
+def test_planning_for_a_gpu_on_a_machine_without_one_warns_that_step_times_are_the_cpus(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    printed = io.StringIO()
+    request = PlanRequest(preset="gpt-760m", gpu_mem_gib=24, tuned_dir=tmp_path)
+    PlanInputs.gather(request, Console(file=printed, width=200), links=LINKS)
+    assert "step times come from this CPU's rate on one block; pass --tflops" in printed.getvalue()

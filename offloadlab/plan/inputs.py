@@ -149,6 +149,12 @@ class PlanInputs:
         machine = detect_machine(gpus, gpu_mem_gib, r.host_mem_gib, nvme_path)
         tuned_dir = r.tuned_dir or _newest_tune()
         given_flops_per_s = r.tflops * 1e12 if r.tflops else None
+        if given_flops_per_s is None and machine.gpu_mem_bytes is not None and machine.gpu_name is None:
+            console.print(
+                "warning: planning for a GPU this machine lacks: step times come from this CPU's rate on one "
+                "block; pass --tflops (the GPU's) for the GPU's",
+                style="yellow",
+            )
         links = links or measure_links(spec, cfg, machine, nvme_path, tuned_dir, console, given_flops_per_s)
         if given_flops_per_s:  # links passed in were measured for another request
             links = replace(links, flops_per_s=given_flops_per_s, flops_source="given with --tflops")
