@@ -19,7 +19,7 @@ from offloadlab.results.figures import steady_state
 from offloadlab.results.rundir import DB_NAME
 from offloadlab.results.status import Status
 from offloadlab.results.steps import FollowedStrategy
-from offloadlab.results.store import RunStore, StoreError, TunePoint
+from offloadlab.results.store import RunStore, StoreError, TunePoint, runs_in
 from offloadlab.results.summary import StrategySummary, SummaryCache, summarize
 
 TUNE_RUN_NAME = "tune"
@@ -277,10 +277,8 @@ def _entry(run_dir: Path) -> RunEntry | None:
 def find_runs(root: Path) -> list[RunEntry]:
     """Run directories directly under `root` (and `root` itself if it is one), newest first."""
     root = Path(root)
-    if not root.is_dir():
-        return []
-    candidates = [root, *sorted(p for p in root.iterdir() if p.is_dir())]
-    entries = [e for e in (_entry(p) for p in candidates if (p / DB_NAME).is_file()) if e is not None]
+    candidates = ([root] if (root / DB_NAME).is_file() else []) + runs_in(root)
+    entries = [e for e in map(_entry, candidates) if e is not None]
     return sorted(entries, key=lambda e: e.created_at, reverse=True)
 
 

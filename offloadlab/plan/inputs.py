@@ -24,7 +24,7 @@ from offloadlab.plan.accounting import (
     params_text,
     shape_of_spec,
 )
-from offloadlab.plan.link_rates import BLOCK_MEASURED, measure_links
+from offloadlab.plan.link_rates import BLOCK_MEASURED, GIVEN_FLOPS, measure_links
 from offloadlab.plan.predict import candidate_placements
 from offloadlab.results.store import DB_NAME
 from offloadlab.spec import ModelSpec, RunSpec, SpecError, load_spec, parse_spec
@@ -157,7 +157,7 @@ class PlanInputs:
             )
         links = links or measure_links(spec, cfg, machine, nvme_path, tuned_dir, console, given_flops_per_s)
         if given_flops_per_s:  # links passed in were measured for another request
-            links = replace(links, flops_per_s=given_flops_per_s, flops_source="given with --tflops")
+            links = replace(links, flops_per_s=given_flops_per_s, flops_source=GIVEN_FLOPS)
         if r.pcie_gbps:
             links = replace(links, pcie_h2d=r.pcie_gbps * 1e9, pcie_d2h=r.pcie_gbps * 1e9)
         nvme = next((s for s in spec.strategy if s.swaps_parameters), None)

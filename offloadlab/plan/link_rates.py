@@ -13,6 +13,7 @@ from offloadlab.spec import RunSpec
 from offloadlab.workload.model import GPTConfig
 
 BLOCK_MEASURED = "one block's forward and backward, measured now"
+GIVEN_FLOPS = "given with --tflops"
 
 
 def measure_links(
@@ -61,5 +62,5 @@ def measure_links(
             host_passes_params_per_s=measure.measure_host_passes_params_per_s(),
             flops_per_s=given_flops_per_s
             or measure.measure_block_flops(cfg, spec.seq_len, spec.micro_batch, spec.precision),
-            flops_source="given with --tflops" if given_flops_per_s else BLOCK_MEASURED,
+            flops_source=GIVEN_FLOPS if given_flops_per_s else BLOCK_MEASURED,
         )

@@ -13,6 +13,7 @@ import json
 import math
 import re
 import sqlite3
+import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -173,11 +174,17 @@ def _read_only_mode(path: Path) -> str:
 
 
 def runs_in(folder: Path) -> list[Path]:
-    """The run folders directly inside folder, newest first."""
+    """The run folders directly inside folder, newest store first."""
     if not folder.is_dir():
         return []
-    runs = [p for p in folder.iterdir() if (p / DB_NAME).is_file()]
-    return sorted(runs, key=lambda p: (p / DB_NAME).stat().st_mtime, reverse=True)
+    stamped = []
+    for child in folder.iterdir():
+        # A stopped tune deletes its folder: one removed while listed is not a run any more.
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            found = (child / DB_NAME).stat()
+            if stat.S_ISREG(found.st_mode):
+                stamped.append((found.st_mtime, child))
+    return [child for _, child in sorted(stamped, reverse=True)]
 
 
 def connect_read_only(run_dir: Path) -> sqlite3.Connection:

@@ -53,6 +53,11 @@ class ModelStateBytes:
     def deepspeed(cls, param_bytes: int, bf16_master_weights: bool = False) -> "ModelStateBytes":
         return cls(param=param_bytes, grad=param_bytes, master=2 if bf16_master_weights else 4)
 
+    @classmethod
+    def of(cls, p: Placement, shape: Shape) -> "ModelStateBytes":
+        """What a placement's strategy keeps, in the model's dtype."""
+        return cls.deepspeed(shape.param_bytes, p.strategy.bf16_master_weights)
+
 
 def _place_of(device: str) -> str:
     return {"none": "gpu", "cpu": "host_pinned", "nvme": "nvme"}[device]
@@ -107,8 +112,7 @@ def params_on_nvme(p: Placement, shape: Shape, world: int) -> float:
 
 def model_states(p: Placement, shape: Shape, world: int) -> Memory:
     """Parameters, gradients and optimizer states of one rank (NVMe: of the host, all its ranks)."""
-    m, n = Memory(), shape.n_params
-    b = ModelStateBytes.deepspeed(shape.param_bytes, p.strategy.bf16_master_weights)
+    m, n, b = Memory(), shape.n_params, ModelStateBytes.of(p, shape)
     params_here = n / world if p.strategy.zero_stage == 3 else n
     if p.strategy.offload_param == "nvme":
         m.add("host_pinned", "parameters (max_in_cpu)", b.param * min(params_here, p.strategy.max_in_cpu))
@@ -202,7 +206,7 @@ def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: SwapBuffers 
     gradient buffer (stage3); whatever it says, the parameters kept in RAM (stage3's flat buffer,
     _create_param_groups_fp16_flat_cpu_memory) and the swap buffers."""
     s, b, n = p.strategy, shape.param_bytes, shape.n_params
-    master = ModelStateBytes.deepspeed(b, s.bf16_master_weights).master
+    master = ModelStateBytes.of(p, shape).master
     if_asked: list[float] = []
     if s.offload_optimizer == "cpu" and s.zero_stage < 3:
         if_asked += [master * n / world, master * n / world, b * n / world, b * shape.largest_param_numel]
@@ -231,8 +235,7 @@ def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
     if p.strategy.offload_optimizer != "none":
         # Gradients, every micro-batch: ZeRO-3 copies them 16-bit into a pinned buffer, ZeRO-1/2 convert
         # them to the master's dtype on the GPU first (async_inplace_copy_grad_to_fp32_buffer_from_gpu).
-        master = ModelStateBytes.deepspeed(b, p.strategy.bf16_master_weights).master
-        grad_bytes = b if p.strategy.zero_stage == 3 else master
+        grad_bytes = b if p.strategy.zero_stage == 3 else ModelStateBytes.of(p, shape).master
         share = host_optimizer_share(p, shape, world)
         out["pcie_d2h"] += k * grad_bytes * n / world * share
         out["pcie_h2d"] += param_upload_bytes(p, shape, world)
