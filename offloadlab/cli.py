@@ -295,6 +295,41 @@ def tune(
         _print_verify(outcome, spec_path, nvme_path)
 
 
+@main.command()
+@click.argument("spec_path", type=click.Path(path_type=Path))
+@click.option("--budget", default="20m", show_default=True, help="Time for the whole search: 20m, 90s, 1h30m.")
+@click.option("--steps", default=6, show_default=True, help="Steps each configuration is measured in the screen.")
+@click.option("--only", help="Comma-separated placements to try (as 'offloadlab plan SPEC' names them).")
+@click.option(
+    "--out", type=click.Path(path_type=Path), help="The tune's folder (default runs/autotune-<name>-<time>)."
+)
+def autotune(spec_path: Path, budget: str, steps: int, only: str | None, out: Path | None) -> None:
+    """Find the fastest configuration of SPEC's model and batch on this machine by training each for a few
+    steps: the fastest exact AdamW, and the fastest overall."""
+    from offloadlab.autotune.output import ranked_table, trial_line
+    from offloadlab.autotune.session import AutotuneRequest, autotune_spec
+
+    with _refusing_bad_input():
+        name = load_spec(spec_path).name
+    out = out or Path("runs") / f"autotune-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    names = frozenset(n.strip() for n in (only or "").split(",") if n.strip())
+    request = AutotuneRequest(spec_path, budget, steps, out, names)
+    console.print(Text(f"follow it live: offloadlab tui --root {out}"))
+    try:
+        with _refusing_bad_input():
+            outcome = autotune_spec(request, console, lambda r, trial: console.print(Text(trial_line(r, trial))))
+    except KeyboardInterrupt:
+        console.print(Text(f"interrupted: the running trial was stopped and cleaned up; finished ones stay in {out}"))
+        sys.exit(130)
+    console.print(ranked_table(outcome.search))
+    if outcome.search.not_tried:
+        console.print(Text(f"not tried within the budget: {', '.join(c.name for c in outcome.search.not_tried)}"))
+    for what, files in outcome.written.items():
+        console.print(Text(f"{what}: {', '.join(str(f) for f in files)}"))
+    if not outcome.written:
+        _fail(f"no configuration finished its steps: see the trials' logs under {out}", code=1)
+
+
 @contextlib.contextmanager
 def _progress_bar(description: str):
     """A progress bar on the terminal (transient when piped); yields show(description, done, expected)."""

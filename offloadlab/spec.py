@@ -274,6 +274,12 @@ class DeepSpeedStrategy(_Strict):
         return self.offload_optimizer != "none" or self.offload_param != "none"
 
     @property
+    def cpu_update_interval(self) -> int | None:
+        """Steps between ZenFlow's CPU updates, where it has a fixed interval; None for a step-wise update."""
+        interval = self.zenflow.update_interval if self.zenflow is not None else None
+        return interval if isinstance(interval, int) else None
+
+    @property
     def needs_cuda(self) -> str | None:
         """Why this strategy cannot run without a CUDA GPU, or None."""
         if self.super_offload:
@@ -326,6 +332,10 @@ class FSDP2Strategy(_Strict):
         return self.cpu_offload
 
     @property
+    def cpu_update_interval(self) -> int | None:
+        return None
+
+    @property
     def needs_cuda(self) -> str | None:
         return None
 
@@ -363,6 +373,10 @@ class RunSpec(_Strict):
     micro_batch: int = Field(default=2, gt=0)
     grad_accum: int = Field(default=1, gt=0)
     """Micro-batches per optimizer step per rank; effective batch = micro_batch * grad_accum * nproc."""
+    global_batch_tokens: int | None = Field(default=None, gt=0)
+    """Tokens per optimizer step over all ranks (seq_len * micro_batch * grad_accum * nproc). `offloadlab
+    autotune` chooses micro_batch and grad_accum for each configuration it tries; `run` takes the given ones,
+    or trains the whole batch as one micro-batch."""
     precision: Literal["fp32", "bf16"] = "fp32"
     nproc: int = Field(default=1, gt=0)
     """Processes (GPUs) per strategy; > 1 launches through torchrun."""
@@ -384,8 +398,28 @@ class RunSpec(_Strict):
     strategy: list[Strategy] = Field(min_length=1)
     """The strategies to compare, each a [[strategy]] table."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_from_tokens(cls, raw):
+        """global_batch_tokens without micro_batch and grad_accum: the whole batch, one micro-batch a rank."""
+        if not isinstance(raw, dict) or "micro_batch" in raw or "grad_accum" in raw:
+            return raw
+        tokens, seq_len, nproc = raw.get("global_batch_tokens"), raw.get("seq_len", 64), raw.get("nproc", 1)
+        if all(type(v) is int and v > 0 for v in (tokens, seq_len, nproc)) and tokens % (seq_len * nproc) == 0:
+            return {**raw, "micro_batch": tokens // (seq_len * nproc)}
+        return raw
+
     @model_validator(mode="after")
     def _consistent(self) -> "RunSpec":
+        if self.global_batch_tokens is not None and self.global_batch_tokens != self.tokens_per_step:
+            rank_tokens = self.seq_len * self.nproc
+            fix = (
+                f"a multiple of seq_len * nproc = {rank_tokens}"
+                if self.global_batch_tokens % rank_tokens
+                else f"seq_len * micro_batch * grad_accum * nproc (now {self.tokens_per_step}), or leave micro_batch "
+                "and grad_accum out"
+            )
+            raise ValueError(f"global_batch_tokens = {self.global_batch_tokens} must be {fix}")
         # Counted once: list.count per name made a spec of 30,000 strategies take 11 s to load.
         dupes = sorted(name for name, n in Counter(s.name for s in self.strategy).items() if n > 1)
         if dupes:
@@ -411,6 +445,10 @@ class RunSpec(_Strict):
     @property
     def effective_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.nproc
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.effective_batch
 
     def get_strategy(self, name: str) -> DeepSpeedStrategy | FSDP2Strategy:
         for s in self.strategy:

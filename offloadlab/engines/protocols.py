@@ -50,6 +50,9 @@ class EnginePlacements(Protocol):
 
     def partial_offloads(self, p: Placement, shape: Shape, world: int, spare_gpu_bytes: float) -> list[Placement]: ...
 
+    def inexact_options(self, p: Placement, precision: str, on_cuda: bool, grad_accum: int) -> list[Placement]:
+        """Faster variants of an exact placement that do not apply exact AdamW, for `autotune` to weigh."""
+
 
 class EngineExporter(Protocol):
     """What `plan --write` writes for users' own scripts beside the run spec."""

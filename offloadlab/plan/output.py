@@ -192,16 +192,23 @@ def plan_files(x: Prediction, out_dir: Path) -> list[Path]:
 
 
 def write_plan(
-    x: Prediction, base: RunSpec, out_dir: Path, tuned: Path | None, buffers: SwapBuffers, force: bool
+    x: Prediction,
+    base: RunSpec,
+    out_dir: Path,
+    tuned: Path | None,
+    buffers: SwapBuffers,
+    force: bool,
+    why: str | None = None,
 ) -> list[Path]:
     """The files of plan_files; force: overwrite files of those names the folder holds (the user's, or an
-    earlier plan's)."""
+    earlier plan's). why: the spec's first line (default: the plan's pick and what binds it)."""
     files = plan_files(x, out_dir)
     check_new_files(out_dir, [path.name for path in files], force)
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_path, *_, accelerate = files
     raw = run_spec_for(base, x, tuned, buffers)
-    spec_path.write_text(f"# Written by offloadlab plan: {x.placement.name} ({x.binding})\n" + tomli_w.dumps(raw))
+    why = why or f"Written by offloadlab plan: {x.placement.name} ({x.binding})"
+    spec_path.write_text(f"# {why}\n" + tomli_w.dumps(raw))
     spec = load_spec(spec_path)  # the written spec is one `offloadlab run` accepts, tuned include and all
     engine_lines = engine_for(x.placement.strategy).exporter.export(spec, out_dir, x.placement.name)
     accelerate.write_text(_accelerate_yaml(spec, engine_lines))

@@ -248,6 +248,10 @@ class Runner:
                     "scratch and temp folders the run made[/]"
                 )
             raise
+        finally:
+            # Closed here, not when collected: a reader in this process (autotune reads each trial's store
+            # right after it) saw the last status only in the WAL this open connection still held.
+            self.store.close()
 
     def _stop_and_clean_all(self, err: BaseException) -> list[Path]:
         reason = "interrupted by the user" if isinstance(err, KeyboardInterrupt) else f"the run stopped: {err}"

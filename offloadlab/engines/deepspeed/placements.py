@@ -6,7 +6,7 @@ import math
 
 from offloadlab.engines.deepspeed.planner import ModelStateBytes
 from offloadlab.plan.accounting import Placement, Shape
-from offloadlab.spec import DeepSpeedStrategy
+from offloadlab.spec import DeepSpeedStrategy, ZenFlowSettings
 
 
 def _zero(name: str, stage: int, optimizer: str = "none", param: str = "none") -> Placement:
@@ -57,3 +57,23 @@ def partial_offloads(p: Placement, shape: Shape, world: int, spare_gpu_bytes: fl
         p.varied(f"zero3-opt-cpu-ratio{tenths / 10:g}", ratio=tenths / 10)
         for tenths in range(max(1, math.ceil((1 - keep_share) * 10)), 10)
     ]
+
+
+# What hid ZenFlow's CPU update on a 1.42B GPT with 16 cores (bench/results/2026-12-05-h200-s21): automatic
+# column selection (re-selecting every 4th step made each a 3 s step) and a CPU update every 16th step
+# (every 4th waited 0.9-1.9 s for it).
+ZENFLOW_MEASURED_BEST = ZenFlowSettings(topk_ratio=0.1, update_interval=16, overlap_step=True)
+
+
+def inexact_options(p: Placement, precision: str, on_cuda: bool, grad_accum: int) -> list[Placement]:
+    """For a placement whose optimizer steps on the CPU: bf16 master weights and optimizer states (bf16
+    runs), and ZenFlow at ZeRO-1/2 (it needs CUDA, and takes over gradient accumulation)."""
+    s = p.strategy
+    if s.offload_optimizer != "cpu" or s.offload_param != "none" or not s.exact:
+        return []
+    out = []
+    if precision == "bf16":
+        out.append(p.varied(f"{p.name}-bf16master", bf16_master_weights=True))
+    if on_cuda and s.zero_stage < 3 and grad_accum == 1:
+        out.append(p.varied(f"{p.name}-zenflow", zenflow=ZENFLOW_MEASURED_BEST))
+    return out

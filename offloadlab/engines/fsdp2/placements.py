@@ -23,3 +23,7 @@ def when_host_ram_binds(p: Placement) -> list[Placement]:
 
 def partial_offloads(p: Placement, shape: Shape, world: int, spare_gpu_bytes: float) -> list[Placement]:
     return []
+
+
+def inexact_options(p: Placement, precision: str, on_cuda: bool, grad_accum: int) -> list[Placement]:
+    return []

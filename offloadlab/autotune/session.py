@@ -1,0 +1,60 @@
+"""One `offloadlab autotune`: the plan, the search space, the folder, the search and the winners' files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from offloadlab.autotune.output import write_winners
+from offloadlab.autotune.search import Budget, Search, autotune, parse_budget
+from offloadlab.autotune.space import search_space
+from offloadlab.engines.ops import announce_on, ensure_built
+from offloadlab.plan.inputs import PlanInputs, PlanRequest
+from offloadlab.results.rundir import RunDirError
+from offloadlab.spec import RunSpec, SpecError
+
+
+@dataclass(frozen=True)
+class AutotuneRequest:
+    spec_path: Path
+    budget: str
+    steps: int
+    out: Path
+    only: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class AutotuneOutcome:
+    spec: RunSpec
+    search: Search
+    written: dict[str, list[Path]]
+    folder: Path
+
+
+def _check_new_folder(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RunDirError(f"--out {out} exists and is not an empty folder: pass a new one")
+
+
+def autotune_spec(request: AutotuneRequest, console: Console, report) -> AutotuneOutcome:
+    """report(round, trial) after each trial. Bad input is refused before any trial starts."""
+    budget_s = parse_budget(request.budget)
+    if request.steps < 2:
+        raise SpecError("--steps must be at least 2: the first steps of a trial are not counted, and one is no median")
+    _check_new_folder(request.out)
+    inputs = PlanInputs.gather(PlanRequest(spec_path=request.spec_path), console)
+    candidates = search_space(inputs, set(request.only))
+    if not candidates:
+        raise SpecError("the plan says nothing fits this machine at this batch: 'offloadlab plan SPEC' shows why")
+    console.print(
+        f"autotune: {len(candidates)} configurations fit ({inputs.title}); trying them in the plan's order "
+        f"within {budget_s / 60:.0f} min, {request.steps} steps each after the start-up"
+    )
+    ensure_built({op for c in candidates for op in c.prediction.placement.strategy.ops_needed}, announce_on(console))
+    request.out.mkdir(parents=True, exist_ok=True)
+    log = Console(quiet=True)  # the trials' own run output: their logs and stores keep it
+    search = autotune(inputs.spec, candidates, Budget(budget_s), request.steps, request.out, report, log)
+    written = write_winners(search, inputs.spec, request.out)
+    return AutotuneOutcome(inputs.spec, search, written, request.out)
