@@ -53,7 +53,7 @@ def ranked_table(search: Search) -> Table:
             f"{t.tokens_per_s:,.0f}" + (f" ({t.tokens_per_s / best:.0%})" if best else ""),
             f"{t.times.p50_s:.3f}/{t.times.p90_s:.3f}/{t.times.max_s:.3f}",
             str(t.times.stalls),
-            fmt_or_dash(deviation, "{:+.2%}"),
+            fmt_or_dash(None if deviation is None else 100 * deviation, "{:+.2g}%"),
         )
     return table
 
@@ -104,7 +104,9 @@ def write_winners(search: Search, base: RunSpec, folder: Path) -> dict[str, list
         out["best-exact"] = write_winner(exact, base, folder / "best-exact", why)
     if overall is not None and overall is not exact:
         deviation = overall.loss_deviation(exact) if exact else None
-        loss = f"its last loss {deviation:+.2%} from exact AdamW's" if deviation is not None else "not exact AdamW"
+        loss = (
+            f"its last loss {100 * deviation:+.2g}% from exact AdamW's" if deviation is not None else "not exact AdamW"
+        )
         why = f"Written by offloadlab autotune: the fastest, {overall.tokens_per_s:,.0f} tokens/s; {loss}"
         out["best-overall"] = write_winner(overall, base, folder / "best-overall", why)
     (folder / "autotune.json").write_text(json.dumps(record(search), indent=2) + "\n")
