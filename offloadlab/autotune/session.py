@@ -12,7 +12,7 @@ from offloadlab.autotune.search import Budget, Search, autotune, parse_budget
 from offloadlab.autotune.space import search_space
 from offloadlab.engines.ops import announce_on, ensure_built
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
-from offloadlab.results.rundir import RunDirError
+from offloadlab.run.runner import check_new_folder
 from offloadlab.spec import RunSpec, SpecError
 
 
@@ -33,17 +33,12 @@ class AutotuneOutcome:
     folder: Path
 
 
-def _check_new_folder(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RunDirError(f"--out {out} exists and is not an empty folder: pass a new one")
-
-
 def autotune_spec(request: AutotuneRequest, console: Console, report) -> AutotuneOutcome:
     """report(round, trial) after each trial. Bad input is refused before any trial starts."""
     budget_s = parse_budget(request.budget)
     if request.steps < 2:
         raise SpecError("--steps must be at least 2: the first steps of a trial are not counted, and one is no median")
-    _check_new_folder(request.out)
+    check_new_folder(request.out)
     inputs = PlanInputs.gather(PlanRequest(spec_path=request.spec_path), console)
     candidates = search_space(inputs, set(request.only))
     if not candidates:

@@ -14,9 +14,8 @@ from rich.console import Console
 
 from offloadlab.autotune.space import Candidate
 from offloadlab.results.figures import StepTimes, relative_deviation
-from offloadlab.results.rundir import DB_NAME
 from offloadlab.results.status import Status
-from offloadlab.results.store import RunStore, StoreError
+from offloadlab.results.store import RunStore, StepRecord, StoreError
 from offloadlab.run.runner import Launch, run_spec
 from offloadlab.spec import RunSpec, SpecError
 
@@ -75,18 +74,27 @@ class Watch:
     slowest_step_s: float | None
 
 
-def _too_slow(run_dir: Path, start_up: int, slowest_step_s: float) -> str | None:
-    """Why the trial in run_dir is clearly slower, from what its store holds so far; None if it is not."""
+def _steps_so_far(run_dir: Path) -> tuple[sqlite3.Row, list[StepRecord]] | None:
+    """The trial's one strategy and its rank-0 steps; None before its store holds them."""
     try:
         store = RunStore(run_dir)
-    except (StoreError, sqlite3.Error):  # not made yet, or being made: nothing to judge
+    except (StoreError, sqlite3.Error):  # not made yet, or being made
         return None
     try:
-        records = store.steps(store.strategies(store.run()["id"])[0]["id"])
-    except (LookupError, IndexError, sqlite3.Error):
+        row = store.strategies(store.run()["id"])[0]
+        return row, store.steps(row["id"])
+    except (LookupError, sqlite3.Error):
         return None
     finally:
         store.close()
+
+
+def _too_slow(run_dir: Path, start_up: int, slowest_step_s: float) -> str | None:
+    """Why the trial in run_dir is clearly slower, from what its store holds so far; None if it is not."""
+    found = _steps_so_far(run_dir)
+    if found is None:
+        return None
+    records = found[1]
     counted = [r.step_time_s for r in records[start_up:]]
     if len(counted) >= 2 and sum(counted) / len(counted) > slowest_step_s:
         return f"its steps took {sum(counted) / len(counted):.3g} s on average"
@@ -135,22 +143,16 @@ def run_trial(base: RunSpec, candidate: Candidate, steps: int, run_dir: Path, lo
 def _read(
     candidate: Candidate, run_dir: Path, wall_s: float, status: Status | None = None, reason: str | None = None
 ) -> Trial:
-    if not (run_dir / DB_NAME).is_file():  # stopped before its run began (the runner's own checks)
+    found = _steps_so_far(run_dir)
+    if found is None:  # stopped before its run began (the runner's own checks)
         return Trial(candidate, run_dir, status or Status.FAILED, reason, wall_s, None, {})
-    store = RunStore(run_dir)
-    try:
-        row = store.strategies(store.run()["id"])[0]
-        records = store.steps(row["id"])
-    finally:
-        store.close()
-    steady = records[start_up_steps(candidate) :]
-    times = StepTimes.of([r.step_time_s for r in steady], [r.tokens_per_s * r.step_time_s for r in steady])
+    row, records = found
     return Trial(
         candidate,
         run_dir,
         status or Status(row["status"]),
         reason or row["reason"],
         wall_s,
-        times,
+        StepTimes.of_steps(records[start_up_steps(candidate) :]),
         {r.step: r.loss for r in records},
     )

@@ -114,6 +114,11 @@ class StepTimes:
     """Steps over STALL_FACTOR times the median."""
 
     @classmethod
+    def of_steps(cls, steps: list) -> "StepTimes | None":
+        """Of step records (the store's StepRecord): each one's seconds, and tokens at its own rate."""
+        return cls.of([r.step_time_s for r in steps], [r.tokens_per_s * r.step_time_s for r in steps])
+
+    @classmethod
     def of(cls, seconds: list[float], tokens: list[float]) -> "StepTimes | None":
         if not seconds or sum(seconds) <= 0:
             return None

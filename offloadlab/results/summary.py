@@ -289,9 +289,7 @@ def _fastest_without_offload(store: RunStore, facts: figures.ModelFacts, batch: 
             if not theirs or not _same_workload(figures.ModelFacts(**json.loads(theirs[0]["detail"])), facts):
                 continue
             steady = figures.steady_state(store.steps(row["id"]))
-            times = figures.StepTimes.of(
-                [r.step_time_s for r in steady], [r.tokens_per_s * r.step_time_s for r in steady]
-            )
+            times = figures.StepTimes.of_steps(steady)
             if times and (best is None or times.tokens_per_s > best[0]):
                 best = (times.tokens_per_s, f"{store.run_dir.name}/{row['name']}")
         return best
@@ -308,7 +306,7 @@ def _summary(row, status: Status, reason: str | None, followed: FollowedStrategy
     """One strategy's figures from what the cache followed, before practicality and the loss check."""
     rank0 = followed.rank0
     steady = figures.steady_state(rank0)
-    times = figures.StepTimes.of([r.step_time_s for r in steady], [r.tokens_per_s * r.step_time_s for r in steady])
+    times = figures.StepTimes.of_steps(steady)
     all_ranks = list(followed.all_ranks.values())
     steady_all_ranks = [followed.all_ranks[r.step] for r in steady if r.step in followed.all_ranks]
     telemetry = followed.step_telemetry(steady)

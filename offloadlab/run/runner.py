@@ -123,11 +123,16 @@ def spec_toml(spec: RunSpec) -> str:
 def new_run_dir(spec: RunSpec, out: Path | None) -> RunDir:
     """The run folder, checked to be new or empty; made by the caller after the preflight."""
     path = out or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_new_folder(path)
+    return RunDir.at(path)
+
+
+def check_new_folder(path: Path) -> None:
+    """An --out that is new or empty: a run (or a tune of runs) never writes among files it did not make."""
     if path.exists() and not path.is_dir():
         raise RunDirError(f"--out {path} is a file: pass a folder that is new or empty")
     if path.is_dir() and any(path.iterdir()):
         raise RunDirError(f"run directory {path} exists and is not empty: pass another --out")
-    return RunDir.at(path)
 
 
 # torchrun's own log lines: "E1205 00:00:17.121000 3809 torch/distributed/elastic/...".
