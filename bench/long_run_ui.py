@@ -1,15 +1,16 @@
-"""Issue 20: do compare, report and the TUI stay fast on the stores of hours-long runs?
+"""Issues 20 and 38: do compare, report and the TUI stay fast on the stores of hours-long runs?
 
-    python bench/long_run_ui.py [--folder DIR] [--keep]
+    python bench/long_run_ui.py [--shapes 6h-2gpu,24h-8gpu] [--folder DIR] [--keep]
 
-Builds two stores with the run store's own writes, shaped like real ones:
-- "3h-nvme": one ZeRO-3 NVMe strategy, 210 steps of 51 s (3 hours), the sampler's 16 metrics (host, one
-  drive, one GPU) at 10 Hz: 1.7 M samples, forward/backward/optimizer events and the NVMe wait per step.
-- "8k-fsdp2": FSDP2 and ZeRO-2 CPU, 8,000 steps of 0.15 s each, sampled at 10 Hz.
-Each is left as a run still in progress (the last strategy running), which is what the TUI is kept open on.
-Then, on each, in separate processes as a user meets them: `offloadlab compare`, `offloadlab report`, the
-TUI's first frame (process start to the dashboard's table drawn) and its steady poll (CPU seconds one poll
-costs, as a share of one core at the default 1 s poll). Goal: each under 2 s, a poll under 5% of a core.
+Builds each store with the writes a run makes, in its order: the ranks' `add_step` and phase events each
+step, and the sampler's flush (`add_samples`, then `StepFigures.store_final`, as telemetry.sampler does),
+with the sampler's metric names (host, one drive, six per GPU) at 10 Hz. The last strategy is left running,
+a few steps from its end, with the run folder's lock held. Then, each in its own process as a user meets it:
+`compare`, `compare --json`, `report`; the TUI's first frame (process start to the comparison table's
+rows drawn), how long `q` takes to end it when pressed during its first read and after, and the CPU share
+of its poll over 10 s while a writer appends a step, its events and a second of samples every second.
+Goals (issue 38): compare, compare --json < 1 s; report < 3 s; first frame < 1 s; q < 0.5 s; poll < 2%
+of a core; the 24-hour store's figures within 1.3x of the 6-hour one's.
 """
 
 from __future__ import annotations
@@ -23,18 +24,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from offloadlab.results.figures import MODEL_FACTS_EVENT
-from offloadlab.results.rundir import RunDir
+from offloadlab.results.rundir import DB_NAME, RunDir
 from offloadlab.results.status import Status
-from offloadlab.results.steps import SWAP_EVENT
+from offloadlab.results.steps import SWAP_EVENT, StepFigures
 from offloadlab.results.store import RunStore, StepRecord
+from offloadlab.telemetry.sampler import GPU_FIELDS
 
-HZ = 10.0
+FLUSH_S = 60.0
+"""Simulated seconds of samples a build writes at once (the sampler flushes every second: what is stored
+is the same, the build is faster)."""
 GiB = 2**30
 SPEC = """name = "{name}"
 steps = {steps}
@@ -42,6 +47,7 @@ seq_len = 1024
 micro_batch = 4
 precision = "bf16"
 nvme_path = "/mnt/nvme0/offloadlab"
+nproc = {ranks}
 
 [model]
 preset = "gpt-1.4b"
@@ -49,70 +55,121 @@ preset = "gpt-1.4b"
 STRATEGIES = {
     "zero3-nvme": dict(engine="deepspeed", zero_stage=3, offload_optimizer="nvme", offload_param="nvme"),
     "zero2-cpu": dict(engine="deepspeed", zero_stage=2, offload_optimizer="cpu"),
+    "fsdp2-cpu-offload": dict(engine="fsdp2", cpu_offload=True),
     "fsdp2": dict(engine="fsdp2"),
 }
-# Share of a step in each phase, and what the drive and the link move per second meanwhile.
-PHASES = {"zero3-nvme": (0.08, 0.08, 0.84), "zero2-cpu": (0.15, 0.30, 0.55), "fsdp2": (0.3, 0.6, 0.1)}
+# Share of a step in each phase.
+PHASES = {
+    "zero3-nvme": (0.08, 0.08, 0.84),
+    "zero2-cpu": (0.15, 0.30, 0.55),
+    "fsdp2-cpu-offload": (0.2, 0.4, 0.4),
+    "fsdp2": (0.3, 0.6, 0.1),
+}
 
 
-def sample_rows(t: float, step_s: float, name: str) -> list[tuple]:
-    wave = 0.5 + 0.5 * math.sin(t / max(step_s, 1.0))
+@dataclass(frozen=True)
+class Shape:
+    strategies: tuple[str, ...]
+    hours: float
+    """Each strategy's."""
+    step_s: float
+    gpus: int
+    """One rank a GPU, one host."""
+    hz: float = 10.0
+    """The sampler's rate."""
+
+
+SHAPES = {
+    "6h-2gpu": Shape(tuple(STRATEGIES), 6.0, 20.0, 2),
+    "24h-8gpu": Shape(tuple(STRATEGIES), 24.0, 20.0, 8),
+    "3h-nvme": Shape(("zero3-nvme",), 3.0, 51.0, 1),
+    "8k-fsdp2": Shape(("fsdp2", "zero2-cpu"), 8000 * 0.15 / 3600, 0.15, 1),
+}
+
+
+def sample_rows(t: float, name: str, shape: Shape) -> list[tuple]:
+    wave = 0.5 + 0.5 * math.sin(t / max(shape.step_s, 1.0))
     disk = 1.1e9 * wave if name == "zero3-nvme" else 0.0
+    gpu = {"util(%)": 100 * (1 - wave), "mem_used(B)": 18.4 * GiB, "pcie_tx(B/s)": 1e9 * wave,
+           "pcie_rx(B/s)": 1e9 * (1 - wave), "power(W)": 300.0, "temp(C)": 50.0}  # fmt: skip
     return [
         (t, "host", "host.cpu(%)", 40 + 30 * wave),
         (t, "host", "host.rss_tree(B)", 41.4 * GiB),
         (t, "host", "host.available(B)", 80 * GiB),
         (t, "host", "host.swap_used(B)", 0.0),
-        (t, "disk", "disk.read_bytes(B)", disk / HZ),
-        (t, "disk", "disk.write_bytes(B)", disk / HZ),
+        (t, "disk", "disk.read_bytes(B)", disk / shape.hz),
+        (t, "disk", "disk.write_bytes(B)", disk / shape.hz),
         (t, "disk", "disk.read(B/s)", disk),
         (t, "disk", "disk.write(B/s)", disk),
         (t, "disk", "disk.read_iops", disk / 2**20),
         (t, "disk", "disk.write_iops", disk / 2**20),
-        (t, "gpu", "gpu0.util(%)", 100 * (1 - wave)),
-        (t, "gpu", "gpu0.mem_used(B)", 18.4 * GiB),
-        (t, "gpu", "gpu0.pcie_tx(B/s)", 1e9 * wave),
-        (t, "gpu", "gpu0.pcie_rx(B/s)", 1e9 * (1 - wave)),
-        (t, "gpu", "gpu0.power(W)", 300.0),
-        (t, "gpu", "gpu0.temp(C)", 50.0),
-    ]
+    ] + [(t, "gpu", f"gpu{i}.{field}", gpu[field]) for i in range(shape.gpus) for field in GPU_FIELDS]
 
 
-def add_strategy(store: RunStore, run_id: int, name: str, steps: int, step_s: float, t0: float, running: bool):
+class StrategyWriter:
+    """One strategy's processes: its ranks' steps and events, and its sampler's flushes."""
+
+    def __init__(self, store: RunStore, strategy_id: int, name: str, shape: Shape, t: float):
+        self.store, self.strategy_id, self.name, self.shape = store, strategy_id, name, shape
+        self.t = self.sample_t = t
+        self.step = 0
+        self.samples: list[tuple] = []
+        self.events: dict[int, list[tuple]] = {rank: [] for rank in range(shape.gpus)}
+        self.figures = StepFigures(strategy_id)
+
+    def add_step(self) -> None:
+        self.step += 1
+        length = self.shape.step_s * (8 if self.step == 1 else 1 + 0.05 * math.sin(self.step))
+        forward, backward, _ = PHASES[self.name]
+        marks = (self.t, self.t + forward * length, self.t + (forward + backward) * length, self.t + length)
+        for rank in range(self.shape.gpus):
+            self.store.add_step(self.strategy_id, rank, record(self.step, self.t, self.t + length))
+            self.events[rank] += [
+                (self.step, kind, a, b, None)
+                for kind, a, b in zip(("forward", "backward", "optimizer"), marks, marks[1:])
+            ]
+            if self.name == "zero3-nvme":  # its optimizer's swaps: most of that phase waits for the drive
+                wait = 0.6 * length
+                swapped = dict(read_bytes=26 * GiB, write_bytes=24 * GiB, wait_seconds=wait)
+                swapped.update(wait_by_phase={"optimizer": wait}, phase="train")
+                self.events[rank].append((self.step, SWAP_EVENT, self.t, self.t + length, json.dumps(swapped)))
+        self.t += length
+
+    def sample_until(self, t: float) -> None:
+        while self.sample_t < t:
+            self.samples += sample_rows(self.sample_t, self.name, self.shape)
+            self.sample_t += 1 / self.shape.hz
+
+    def flush(self, finished: bool = False) -> None:
+        for rank, events in self.events.items():
+            self.store.add_events(self.strategy_id, rank, events)
+            events.clear()
+        self.store.add_samples(self.strategy_id, self.samples)
+        self.samples = []
+        self.figures.store_final(self.store, finished)
+
+
+def add_strategy(store: RunStore, run_id: int, name: str, shape: Shape, t0: float, running: bool) -> StrategyWriter:
+    steps = round(shape.hours * 3600 / shape.step_s)
     strategy_id = store.add_strategy(
         run_id, name, STRATEGIES[name]["engine"], {"name": name, **STRATEGIES[name]}, steps
     )
     store.set_strategy_status(strategy_id, Status.RUNNING)
     facts = dict(n_params=1_420_000_000, n_layers=24, d_model=2048, seq_len=1024, precision="bf16",
-                 device_name="NVIDIA H200", world_size=1)  # fmt: skip
+                 device_name="NVIDIA H200", world_size=shape.gpus)  # fmt: skip
     store.add_events(strategy_id, 0, [(None, MODEL_FACTS_EVENT, t0, t0, json.dumps(facts))])
-    t, sample_t, samples, events = t0, t0, [], []
-    done = steps - 3 if running else steps  # a running strategy is a few steps from its end
-    for step in range(1, done + 1):
-        length = step_s * (8 if step == 1 else 1 + 0.05 * math.sin(step))
-        store.add_step(strategy_id, 0, record(step, t, t + length))
-        forward, backward, _ = PHASES[name]
-        marks = (t, t + forward * length, t + (forward + backward) * length, t + length)
-        events += [
-            (step, kind, a, b, None) for kind, a, b in zip(("forward", "backward", "optimizer"), marks, marks[1:])
-        ]
-        if name == "zero3-nvme":  # its optimizer's swaps: most of that phase waits for the drive
-            wait = 0.6 * length
-            swapped = dict(read_bytes=26 * GiB, write_bytes=24 * GiB, wait_seconds=wait)
-            swapped.update(wait_by_phase={"optimizer": wait}, phase="train")
-            events.append((step, SWAP_EVENT, t, t + length, json.dumps(swapped)))
-        while sample_t < t + length:
-            samples += sample_rows(sample_t, step_s, name)
-            sample_t += 1 / HZ
-        t += length
-        if len(samples) > 200_000:
-            store.add_samples(strategy_id, samples)
-            samples = []
-    store.add_samples(strategy_id, samples)
-    store.add_events(strategy_id, 0, events)
+    writer = StrategyWriter(store, strategy_id, name, shape, t0)
+    next_flush = t0 + FLUSH_S
+    for _ in range(steps - 3 if running else steps):  # a running strategy is a few steps from its end
+        writer.add_step()
+        writer.sample_until(writer.t)
+        if writer.t >= next_flush:
+            writer.flush()
+            next_flush = writer.t + FLUSH_S
+    writer.flush(finished=not running)
     if not running:
         store.set_strategy_status(strategy_id, Status.DONE)
-    return t
+    return writer
 
 
 def record(step: int, start: float, end: float) -> StepRecord:
@@ -120,18 +177,46 @@ def record(step: int, start: float, end: float) -> StepRecord:
                       int(9.7 * GiB), int(41.4 * GiB), 27_900_000_000, 25_500_000_000)  # fmt: skip
 
 
-def build(folder: Path, name: str, strategies: list[str], steps: int, step_s: float) -> Path:
+def build(folder: Path, name: str, shape: Shape, console: Console) -> Path:
     run_dir = folder / name
     run_dir.mkdir(parents=True)
     store = RunStore(run_dir, create_schema=True)
-    store.conn.execute("PRAGMA synchronous=OFF")  # a bench's own scratch store: no fsync per step
-    run_id = store.add_run(name, SPEC.format(name=name, steps=steps))
-    t = time.time() - 10 - steps * step_s * len(strategies) * 1.1
-    for i, strategy in enumerate(strategies):
-        t = add_strategy(store, run_id, strategy, steps, step_s, t, running=i == len(strategies) - 1)
+    store.conn.execute("PRAGMA synchronous=OFF")  # a bench's own scratch store: no fsync per write
+    steps = round(shape.hours * 3600 / shape.step_s)
+    run_id = store.add_run(name, SPEC.format(name=name, steps=steps, ranks=shape.gpus))
+    # The last strategy ends about now, so the live writer carries on from it at the wall clock.
+    t = time.time() - shape.hours * 3600 * len(shape.strategies) - 8 * shape.step_s * len(shape.strategies)
+    for i, strategy in enumerate(shape.strategies):
+        console.log(f"{name}: writing {strategy}")
+        t = add_strategy(store, run_id, strategy, shape, t, running=i == len(shape.strategies) - 1).t
     store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     store.close()
     return run_dir
+
+
+LIVE_WRITER = """
+import dataclasses, sys, time
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from long_run_ui import SHAPES, StrategyWriter
+from offloadlab.results.store import RunStore
+
+run_dir, shape = Path(sys.argv[1]), dataclasses.replace(SHAPES[sys.argv[3]], step_s=1.0)
+store = RunStore(run_dir, writable=True)
+row = store.strategies(store.run()["id"])[-1]
+steps = store.steps(row["id"], rank=0)
+writer = StrategyWriter(store, row["id"], row["name"], shape, steps[-1].t_end)
+writer.step, writer.sample_t = steps[-1].step, time.time()
+writer.figures.followed.update(store, False)
+writer.figures.stored_through = max(writer.figures.followed.telemetry, default=0)
+print("writing", flush=True)
+while True:  # until killed: a step, its events and a second of samples, every second
+    time.sleep(1.0)
+    writer.t = time.time() - 1.0
+    writer.add_step()
+    writer.sample_until(time.time())
+    writer.flush()
+"""
 
 
 def timed(*cmd: str) -> float:
@@ -140,7 +225,7 @@ def timed(*cmd: str) -> float:
     return time.perf_counter() - start
 
 
-FIRST_FRAME = """
+TUI = """
 import sys, time
 start = time.perf_counter()
 import asyncio
@@ -148,8 +233,8 @@ from pathlib import Path
 from offloadlab_tui.app import make_app
 from offloadlab_tui.widgets import CompareTable
 
-async def main():
-    app = make_app(root=Path(sys.argv[1]).parent, run_dir=Path(sys.argv[1]), poll_s=1.0)
+async def first_frame_and_poll(run_dir):
+    app = make_app(root=run_dir.parent, run_dir=run_dir, poll_s=1.0)
     async with app.run_test(size=(120, 40)) as pilot:
         while not app.screen.query_one(CompareTable).row_count:
             await pilot.pause(0.01)
@@ -158,50 +243,109 @@ async def main():
         cpu0, wall0 = time.process_time(), time.perf_counter()
         await pilot.pause(10.0)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-        print(first, cpu / wall)
+        quit_at = time.perf_counter()
+        await pilot.press("q")
+    return first, cpu / wall, time.perf_counter() - quit_at
 
-asyncio.run(main())
+async def quit_during_first_read(run_dir):
+    app = make_app(root=run_dir.parent, run_dir=run_dir, poll_s=1.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.05)  # the first read has started in its worker
+        quit_at = time.perf_counter()
+        await pilot.press("q")
+    return time.perf_counter() - quit_at
+
+run_dir = Path(sys.argv[1])
+first, share, quit_after = asyncio.run(first_frame_and_poll(run_dir))
+print(first, share, quit_after, asyncio.run(quit_during_first_read(run_dir)))
 """
 
 
-def tui_times(run_dir: Path) -> tuple[float, float]:
-    proc = subprocess.run(
-        [sys.executable, "-c", FIRST_FRAME, str(run_dir)], check=True, capture_output=True, text=True
-    )
-    first, share = proc.stdout.split()
-    return float(first), float(share)
+def tui_times(run_dir: Path) -> list[float]:
+    proc = subprocess.run([sys.executable, "-c", TUI, str(run_dir)], check=True, capture_output=True, text=True)
+    return [float(x) for x in proc.stdout.split()]
+
+
+def measure(run_dir: Path, shape_name: str) -> dict:
+    store = RunStore(run_dir)
+    counts = {t: store.conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("steps", "samples")}
+    store.close()
+    db_bytes = sum(p.stat().st_size for p in run_dir.glob(f"{DB_NAME}*"))
+    lock = RunDir.at(run_dir).lock()  # a live run: its process holds the folder, as `run` does
+    try:
+        compare_s = timed("-m", "offloadlab.cli", "compare", str(run_dir))
+        json_s = timed("-m", "offloadlab.cli", "compare", str(run_dir), "--json")
+        (run_dir / "report.html").unlink(missing_ok=True)
+        report_s = timed("-m", "offloadlab.cli", "report", str(run_dir), "--out", str(run_dir / "report.html"))
+        writer = subprocess.Popen(
+            [sys.executable, "-c", LIVE_WRITER, str(run_dir), str(Path(__file__).parent), shape_name],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        writer.stdout.readline()
+        try:
+            first, poll, quit_after, quit_during = tui_times(run_dir)
+        finally:
+            writer.kill()
+            writer.wait()
+    finally:
+        os.close(lock)
+    return dict(**counts, db_bytes=db_bytes, compare=compare_s, json=json_s, report=report_s, first=first,
+                quit_during=quit_during, quit_after=quit_after, poll=poll)  # fmt: skip
+
+
+def gpu_hours(shape: Shape) -> float:
+    return shape.gpus * shape.hours * len(shape.strategies)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="6h-2gpu,24h-8gpu", help=f"Comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--folder", type=Path, help="Where the stores are built (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="Leave the stores there")
     args = parser.parse_args()
+    names = args.shapes.split(",")
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shape(s) {', '.join(unknown)}: choose from {', '.join(SHAPES)}")
     folder = args.folder or Path(tempfile.mkdtemp(prefix="long-run-ui-"))
-    console = Console(width=100)
-    table = Table(title="long-run stores: seconds (goal < 2 s) and a poll's share of one core (goal < 5%)")
-    for col in ("store", "steps", "samples", "compare s", "report s", "TUI first frame s", "TUI poll, core"):
-        table.add_column(col, justify="left" if col == "store" else "right")
+    console = Console(width=80)
+    results = {}
     try:
-        shapes = (("3h-nvme", ["zero3-nvme"], 210, 51.0), ("8k-fsdp2", ["fsdp2", "zero2-cpu"], 8000, 0.15))
-        for name, strategies, steps, step_s in shapes:
-            with console.status(f"building {name}"):
-                run_dir = build(folder, name, strategies, steps, step_s)
-            store = RunStore(run_dir)
-            samples = store.conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
-            store.close()
-            lock = RunDir.at(run_dir).lock()  # a live run: its process holds the folder, as `run` does
-            with console.status(f"timing {name}"):
-                compare_s = timed("-m", "offloadlab.cli", "compare", str(run_dir))
-                report_s = timed("-m", "offloadlab.cli", "report", str(run_dir))
-                first, poll_share = tui_times(run_dir)
-            os.close(lock)
-            table.add_row(name, f"{steps:,} x {len(strategies)}", f"{samples:,}", f"{compare_s:.2f}",
-                          f"{report_s:.2f}", f"{first:.2f}", f"{100 * poll_share:.1f}%")  # fmt: skip
-        console.print(table)
+        for name in names:
+            run_dir = folder / name
+            if not (run_dir / DB_NAME).exists():
+                build(folder, name, SHAPES[name], console)
+            console.log(f"{name}: timing")
+            results[name] = measure(run_dir, name)
+        print_results(console, results)
     finally:
         if not args.keep and args.folder is None:
             shutil.rmtree(folder)
+
+
+def print_results(console: Console, results: dict) -> None:
+    table = Table(title="seconds; the poll as a share of one core")
+    table.add_column("", justify="left")
+    for name in results:
+        table.add_column(name, justify="right")
+    if len(results) == 2:
+        table.add_column("ratio", justify="right")
+    rows = (
+        ("steps (all ranks)", "steps", "{:,}"), ("samples", "samples", "{:,}"), ("store GiB", "db_bytes", None),
+        ("compare", "compare", "{:.2f}"), ("compare --json", "json", "{:.2f}"), ("report", "report", "{:.2f}"),
+        ("TUI first frame", "first", "{:.2f}"), ("q in first read", "quit_during", "{:.2f}"),
+        ("q after", "quit_after", "{:.2f}"), ("TUI poll, core", "poll", "{:.1%}"),
+    )  # fmt: skip
+    for label, key, fmt in rows:
+        values = [r[key] for r in results.values()]
+        cells = [f"{v / GiB:.2f}" if fmt is None else fmt.format(v) for v in values]
+        ratio = [f"{values[1] / values[0]:.2f}x"] if len(values) == 2 and values[0] else []
+        table.add_row(label, *cells, *ratio)
+    console.print(table)
+    for name, r in results.items():
+        shape = SHAPES[name]
+        per_gpu_hour = r["db_bytes"] / gpu_hours(shape) / 2**20
+        console.print(f"{name}: {per_gpu_hour:.0f} MiB of store per GPU-hour ({shape.gpus} GPUs at {shape.hz:g} Hz)")
 
 
 if __name__ == "__main__":

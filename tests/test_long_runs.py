@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from conftest import copy_store
+from offloadlab.results.report import write_report
 from offloadlab.results.rundir import DB_NAME
 from offloadlab.results.steps import FollowedStrategy
-from offloadlab.results.store import RunStore
+from offloadlab.results.store import RunStore, connect_read_only
 from offloadlab.results.summary import SummaryCache, summarize
+from offloadlab_tui.reader import RunReader
 
 REPO = Path(__file__).resolve().parents[1]
 H200_RUN = REPO / "bench/results/2026-12-03-h200-s10/run_a.tar.gz"  # four strategies, 124 steps, 51k samples
@@ -96,3 +101,52 @@ def test_a_strategy_run_without_the_sampler_has_its_steps_measured_once(h200_sto
     followed.update(store, finished=False)  # as while the run is live
     steps = store.steps(strategy["id"], rank=0)
     assert len(followed.telemetry) == len(steps) and not followed._open
+
+
+sys.path.insert(0, str(REPO / "bench"))
+import long_run_ui  # noqa: E402  (the bench's store builder: the run's own writes, in its order)
+
+
+def _build(folder: Path, hz: float) -> Path:
+    """Two strategies of 1.75 hours, a step a minute: long enough that the report's and the TUI's windows
+    are drawn from the stored bins."""
+    shape = long_run_ui.Shape(("zero3-nvme", "zero2-cpu"), hours=1.75, step_s=60.0, gpus=1, hz=hz)
+    return long_run_ui.build(folder, f"{hz:g}hz", shape, Console(quiet=True))
+
+
+def _read_everything(run_dir: Path, monkeypatch) -> tuple[int, list]:
+    """What compare, the TUI and the report read, as SQLite's count of virtual-machine steps (the same
+    for the same work on any machine), and compare's figures."""
+    steps = [0]
+
+    def counted(run_dir):
+        conn = connect_read_only(run_dir)
+        conn.set_progress_handler(lambda: steps.__setitem__(0, steps[0] + 1) or 0, 100)
+        return conn
+
+    monkeypatch.setattr("offloadlab.results.store.connect_read_only", counted)
+    with contextlib.closing(RunStore(run_dir)) as store:
+        figures = summarize(store)
+    RunReader(run_dir).read()
+    write_report(run_dir, run_dir / "report.html")
+    monkeypatch.undo()
+    return steps[0], figures
+
+
+def test_readers_cost_follows_the_steps_not_the_samples(tmp_path, monkeypatch):
+    """The same steps sampled at 4 Hz instead of 1 (4x the samples): compare, the TUI and the report read
+    the steps' stored figures and the samples' stored bins, so their work stays within 1.3x. The 4-Hz
+    store with those tables emptied (as a store written before them) is read the old way, from every
+    sample: the same figures, at several times the work."""
+    slow, fast = _build(tmp_path, 1.0), _build(tmp_path, 4.0)
+    work_slow, _ = _read_everything(slow, monkeypatch)
+    work_fast, figures = _read_everything(fast, monkeypatch)
+    assert work_fast < 1.3 * work_slow, (work_slow, work_fast)
+    with sqlite3.connect(fast / DB_NAME) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM step_telemetry").fetchone()[0] > 0
+        conn.execute("DELETE FROM step_telemetry")
+        conn.execute("DELETE FROM sample_bins")
+    (fast / "report.html").unlink()
+    work_old, figures_old = _read_everything(fast, monkeypatch)
+    assert work_old > 3 * work_fast, (work_fast, work_old)
+    assert all(_same(a, b, "the old way") for a, b in zip(figures, figures_old))

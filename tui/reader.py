@@ -180,13 +180,17 @@ class SampleWindow:
 
 
 def _finished_series(store: RunStore, strategy_id: int, pattern: str, steady: list) -> Series:
-    """A finished strategy's samples up to its last step (the sampler outlives it a little); its figure
-    is their mean over the steady steps."""
+    """A finished strategy's last WINDOW_S up to its last step (the sampler outlives it a little): in the
+    stored bins where it ran that long, else (or in a store written before them) its samples. Its figure
+    is the mean over the steady steps."""
     if not steady:
         return Series([], None)
     first, last = steady[0].t_start, steady[-1].t_end
-    timed = [(t, v) for t, v in _summed_by_time(store.samples(strategy_id, pattern, after_t=first)) if t <= last]
-    return Series([v for t, v in timed if t > last - WINDOW_S], _mean([v for _, v in timed]))
+    start = max(first, last - WINDOW_S)
+    shown = store.binned_sums(strategy_id, pattern, start, last) if last - first >= WINDOW_S else None
+    if shown is None:
+        shown = [v for t, v in _summed_by_time(store.samples(strategy_id, pattern, after_t=start)) if t <= last]
+    return Series(shown, store.mean_between(strategy_id, pattern, first, last))
 
 
 def _strategy_view(

@@ -8,18 +8,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from offloadlab.results.store import RunStore, StepRecord
-
-
-@dataclass(frozen=True)
-class StepTelemetry:
-    gpu_idle_share: float | None
-    """1 - mean GPU utilization over the step's samples (all GPUs)."""
-    device_read_bytes: float | None
-    """Bytes the nvme_path's block device read during the step (whole device, all processes)."""
-    device_write_bytes: float | None
-    pcie_tx_bytes_per_s: float | None
-    pcie_rx_bytes_per_s: float | None
+from offloadlab.results.store import RunStore, StepRecord, StepTelemetry
 
 
 class CumulativeSeries:
@@ -106,8 +95,10 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 class FollowedStrategy:
     """A strategy's steps and per-step figures as read so far. Each `update` reads only what was written
-    since the last one, and a step's figures are computed once, when its samples are all in: on an
-    hours-long store a read costs what was new, not the run's length."""
+    since the last one. A step's figures are read as the sampler stored them once its samples were all in;
+    only steps without them (the newest of a live run, every step of a store written before they were
+    stored) are measured here from their samples: on an hours-long store a read costs the steps, not the
+    samples."""
 
     def __init__(self, strategy_id: int):
         self.strategy_id = strategy_id
@@ -127,6 +118,8 @@ class FollowedStrategy:
         self._rows: dict[str, list[tuple]] = {key: [] for key in SERIES}
         self._last_sample_t: dict[str, float] = {key: -math.inf for key in SERIES}
         self._last_event_id = 0
+        self._stored_through = 0
+        """The last step whose stored figures were read."""
         self._open: dict[int, StepTelemetry] = {}
         """Figures of steps whose samples may still be on their way: recomputed on the next update."""
         self.version: tuple = ()
@@ -141,17 +134,32 @@ class FollowedStrategy:
             self.all_ranks[step] = AllRanks()
         for r in redo:
             self.all_ranks[r.step].add(r)
+        stored = store.step_telemetry(self.strategy_id, after_step=self._stored_through)
+        self.telemetry.update(stored)
+        self._stored_through = max(stored, default=self._stored_through)
+        pending = [s for s in self.rank0 if s.step not in self.telemetry]
+        if pending:
+            self._read_samples(store, pending[0].t_start)
+        self._read_events(store)
+        self._measure_steps(pending, finished)
+        self.version = (len(self.rank0), self._last_event_id, *self._last_sample_t.values(), len(self.telemetry))
+
+    def _read_samples(self, store: RunStore, first_pending_start: float) -> None:
+        """The samples since the last read, or, when the steps read so far had stored figures, from the
+        last sample before the first step without them (a counter is interpolated from it)."""
         for key, pattern in SERIES.items():
+            if self._last_sample_t[key] < first_pending_start:
+                since = store.last_sample_t_before(self.strategy_id, pattern, first_pending_start)
+                if self._last_sample_t[key] < since:
+                    self._rows[key], self._last_sample_t[key] = [], math.nextafter(since, -math.inf)
             new = store.samples(self.strategy_id, pattern, after_t=self._last_sample_t[key])
             self._rows[key] += new
             if new:
                 self._last_sample_t[key] = new[-1][0]
-        self._read_events(store)
-        self._measure_steps(finished)
-        self.version = (len(self.rank0), self._last_event_id, *self._last_sample_t.values(), len(self._open))
 
     def _read_events(self, store: RunStore) -> None:
-        for e in store.events(self.strategy_id, after_id=self._last_event_id):
+        # Rank 0's: the other ranks' per-step events are as many again per rank, and nothing reads them.
+        for e in store.events(self.strategy_id, after_id=self._last_event_id, rank=0):
             self._last_event_id = max(self._last_event_id, e["id"])
             if e["kind"] in PHASES:
                 if e["rank"] == 0 and e["t_end"] is not None:
@@ -172,9 +180,8 @@ class FollowedStrategy:
             nbytes, seconds = self.comm.get(e["step"], (0.0, 0.0))
             self.comm[e["step"]] = (nbytes + totals["bytes"], seconds + totals["seconds"])
 
-    def _measure_steps(self, finished: bool) -> None:
+    def _measure_steps(self, pending: list[StepRecord], finished: bool) -> None:
         self._open = {}
-        pending = [s for s in self.rank0 if s.step not in self.telemetry]
         if not pending:
             return
         util, tx, rx = (SampledSeries(self._rows[k]) for k in ("util", "tx", "rx"))
@@ -208,3 +215,19 @@ class FollowedStrategy:
     def step_telemetry(self, steps: list[StepRecord]) -> list[StepTelemetry]:
         known = {**self.telemetry, **self._open}
         return [known[s.step] for s in steps if s.step in known]
+
+
+class StepFigures:
+    """What the sampler stores of its strategy's steps: each step's figures once its samples are all in
+    (samples past its end, or the strategy over), so readers need not read the samples again."""
+
+    def __init__(self, strategy_id: int):
+        self.followed = FollowedStrategy(strategy_id)
+        self.stored_through = 0
+
+    def store_final(self, store: RunStore, strategy_finished: bool) -> None:
+        self.followed.update(store, strategy_finished)
+        final = {step: f for step, f in self.followed.telemetry.items() if step > self.stored_through}
+        if final:
+            store.add_step_telemetry(self.followed.strategy_id, final)
+            self.stored_through = max(final)

@@ -9,13 +9,14 @@ beside it, and a file that is not a run store is a one-line `StoreError`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import re
 import sqlite3
 import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -73,13 +74,16 @@ CREATE TABLE IF NOT EXISTS events (
     t_end REAL,
     detail TEXT
 );
+-- Keyed by series and time, without a rowid: the table is its own index, half the bytes of a table plus a
+-- covering index (stores written before keep that pair, and read the same way).
 CREATE TABLE IF NOT EXISTS samples (
-    strategy_id INTEGER REFERENCES strategies(id),
+    strategy_id INTEGER NOT NULL REFERENCES strategies(id),
     t REAL NOT NULL,
     source TEXT NOT NULL,
     metric TEXT NOT NULL,
-    value REAL
-);
+    value REAL,
+    PRIMARY KEY (strategy_id, metric, t)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS tune_points (
     run_id INTEGER NOT NULL REFERENCES runs(id),
     stage TEXT NOT NULL,                          -- coarse, refine N
@@ -111,10 +115,33 @@ CREATE TABLE IF NOT EXISTS checkpoint_files (   -- every file a save wrote, chec
     sha256 TEXT NOT NULL,
     PRIMARY KEY (strategy_id, folder, path)
 );
--- Covering: a series or its bins are read from the index alone (2x faster on a 3-hour store's 1.7 M rows).
--- Stores written before it keep their (strategy_id, metric, t) index under the old name, and still read.
-CREATE INDEX IF NOT EXISTS samples_by_metric_time ON samples (strategy_id, metric, t, value);
+CREATE TABLE IF NOT EXISTS step_telemetry (     -- a step's figures from the samples, written once they are all in
+    strategy_id INTEGER NOT NULL REFERENCES strategies(id),
+    step INTEGER NOT NULL,                        -- rank 0's training step
+    gpu_idle_share REAL,
+    device_read_bytes REAL,
+    device_write_bytes REAL,
+    pcie_tx_bytes_per_s REAL,
+    pcie_rx_bytes_per_s REAL,
+    PRIMARY KEY (strategy_id, step)
+);
+CREATE TABLE IF NOT EXISTS sample_bins (        -- each metric's samples per bin of time, kept as they are written
+    strategy_id INTEGER NOT NULL REFERENCES strategies(id),
+    metric TEXT NOT NULL,
+    width_s REAL NOT NULL,                       -- one of BIN_WIDTHS_S
+    bin INTEGER NOT NULL,                        -- floor(t / width_s)
+    n INTEGER NOT NULL,                          -- samples with a value in the bin
+    total REAL NOT NULL,
+    lo REAL NOT NULL,
+    hi REAL NOT NULL,
+    PRIMARY KEY (strategy_id, metric, width_s, bin)
+);
 """
+
+
+BIN_WIDTHS_S = (10.0, 300.0)
+"""Widths of the bins every sample is added to as it is written: a chart or a mean over hours reads a few
+thousand bins, not millions of samples (a day at 10 Hz is 864k samples a metric, 8,640 10-s bins)."""
 
 
 # SQLite's header field for "which program's file is this" ("OFLB"). Set before the store turns to WAL, so
@@ -237,6 +264,19 @@ class StepRecord:
 
 
 @dataclass(frozen=True)
+class StepTelemetry:
+    """A step's figures from the sampler's series over the step's time."""
+
+    gpu_idle_share: float | None
+    """1 - mean GPU utilization over the step's samples (all GPUs)."""
+    device_read_bytes: float | None
+    """Bytes the nvme_path's block device read during the step (whole device, all processes)."""
+    device_write_bytes: float | None
+    pcie_tx_bytes_per_s: float | None
+    pcie_rx_bytes_per_s: float | None
+
+
+@dataclass(frozen=True)
 class TunePoint:
     """One aio setting `tune` measured, with its figures (GB/s; spread: (max - min) / mean over repeats)."""
 
@@ -285,6 +325,7 @@ class RunStore:
         elif writable:
             connect_read_only(self.run_dir).close()  # identified read-only first: a foreign file stays as it is
             self.conn = connect(self.run_dir)
+            self.conn.executescript(SCHEMA)  # a store written before a table was added gets it
         else:
             self.conn = connect_read_only(self.run_dir)
 
@@ -358,12 +399,31 @@ class RunStore:
                 [(strategy_id, rank, *e) for e in events],
             )
 
-    def add_samples(self, strategy_id: int | None, rows: list[tuple[float, str, str, float | None]]) -> None:
-        """Many (t, source, metric, value) rows in one transaction."""
+    def add_samples(self, strategy_id: int, rows: list[tuple[float, str, str, float | None]]) -> None:
+        """Many (t, source, metric, value) rows in one transaction, added to their bins in the same one."""
+        bins: dict[tuple[str, float, int], list[float]] = {}
+        for t, _, metric, value in rows:
+            if value is not None:
+                for width in BIN_WIDTHS_S:
+                    bins.setdefault((metric, width, math.floor(t / width)), []).append(value)
         with self.conn:
             self.conn.executemany(
                 "INSERT INTO samples (strategy_id, t, source, metric, value) VALUES (?, ?, ?, ?, ?)",
                 [(strategy_id, *r) for r in rows],
+            )
+            self.conn.executemany(
+                "INSERT INTO sample_bins VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT DO UPDATE SET n = n + excluded.n, total = total + excluded.total, "
+                "lo = MIN(lo, excluded.lo), hi = MAX(hi, excluded.hi)",
+                [(strategy_id, *key, len(v), math.fsum(v), min(v), max(v)) for key, v in bins.items()],
+            )
+
+    def add_step_telemetry(self, strategy_id: int, figures: dict[int, StepTelemetry]) -> None:
+        """Steps' figures once their samples are all in (the sampler writes them as it goes)."""
+        with self.conn:
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO step_telemetry VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(strategy_id, step, *astuple(f)) for step, f in figures.items()],
             )
 
     def upsert_tune_points(self, run_id: int, points: list[TunePoint]) -> None:
@@ -491,6 +551,16 @@ class RunStore:
         ).fetchone()
         return row[0] if row[0] is not None else -math.inf
 
+    def last_sample_t_before(self, strategy_id: int, metric_like: str, t: float) -> float:
+        """The earliest over matching metrics of each one's last sample time before t (an index seek
+        each); -inf where one has none."""
+        query = "SELECT MAX(t) FROM samples WHERE strategy_id = ? AND metric = ? AND t < ?"
+        found = [
+            self.conn.execute(query, (strategy_id, name, t)).fetchone()[0]
+            for name in self._metrics_like(strategy_id, metric_like)
+        ]
+        return min((-math.inf if f is None else f for f in found), default=-math.inf)
+
     def metrics(self, strategy_id: int) -> list[str]:
         """The metric names a strategy's samples hold: one index seek per name (a long run has millions of
         samples and a dozen names; DISTINCT would read them all)."""
@@ -527,36 +597,140 @@ class RunStore:
     ) -> dict[str, list[tuple[float, float | None]]]:
         """Per matching metric, the mean of its samples in each of at most `max_bins` equal time bins (bin
         centre, mean), each at least `min_periods` sampling periods wide; None for an empty bin (a gap).
-        Averaged in SQL: a 3-hour run's 100k samples a metric never become Python objects."""
+        Averaged in SQL from the stored bins where they are fine enough (hours of samples are never read),
+        else from the samples."""
         out = {}
         for name in self._metrics_like(strategy_id, metric_like):
-            start, end, count = self.conn.execute(
-                "SELECT MIN(t), MAX(t), COUNT(*) FROM samples WHERE strategy_id = ? AND metric = ?",
-                (strategy_id, name),
-            ).fetchone()
+            stored = self._has_bins(strategy_id) and self._bins_span(strategy_id, name)
+            start, end, count = (
+                stored
+                or self.conn.execute(
+                    "SELECT MIN(t), MAX(t), COUNT(*) FROM samples WHERE strategy_id = ? AND metric = ?",
+                    (strategy_id, name),
+                ).fetchone()
+            )
             if count < 2:
                 continue
             period = (end - start) / (count - 1)
             bins = int(max(1, min(max_bins, (end - start) / (min_periods * period or 1.0))))
             width = (end - start) / bins or 1.0
-            means = dict(
-                self.conn.execute(
-                    "SELECT MIN(CAST((t - ?) / ? AS INTEGER), ?), AVG(value) FROM samples "
-                    "WHERE strategy_id = ? AND metric = ? AND value IS NOT NULL GROUP BY 1",
-                    (start, width, bins - 1, strategy_id, name),
+            coarse = [w for w in BIN_WIDTHS_S if w <= width]
+            if stored and coarse:
+                means = self._means_from_bins(strategy_id, name, coarse[-1], start, width, bins)
+            else:
+                means = dict(
+                    self.conn.execute(
+                        "SELECT MIN(CAST((t - ?) / ? AS INTEGER), ?), AVG(value) FROM samples "
+                        "WHERE strategy_id = ? AND metric = ? AND value IS NOT NULL GROUP BY 1",
+                        (start, width, bins - 1, strategy_id, name),
+                    )
                 )
-            )
             out[name] = [(start + (i + 0.5) * width, means.get(i)) for i in range(bins)]
         return out
+
+    def _bins_span(self, strategy_id: int, metric: str) -> tuple[float, float, int] | None:
+        """(first, last bin's start, samples) from the finest stored bins; None if the metric has none."""
+        width = BIN_WIDTHS_S[0]
+        first, last, count = self.conn.execute(
+            "SELECT MIN(bin), MAX(bin), SUM(n) FROM sample_bins WHERE strategy_id = ? AND metric = ? AND width_s = ?",
+            (strategy_id, metric, width),
+        ).fetchone()
+        return None if first is None else (first * width, last * width, count)
+
+    def _means_from_bins(
+        self, strategy_id: int, metric: str, stored_width: float, start: float, width: float, bins: int
+    ) -> dict[int, float]:
+        rows = self.conn.execute(
+            "SELECT MIN(CAST((bin * ? - ?) / ? AS INTEGER), ?), SUM(total) / SUM(n) FROM sample_bins "
+            "WHERE strategy_id = ? AND metric = ? AND width_s = ? GROUP BY 1",
+            (stored_width, start, width, bins - 1, strategy_id, metric, stored_width),
+        )
+        return dict(rows)
+
+    def binned_sums(self, strategy_id: int, metric_like: str, start: float, end: float) -> list[float] | None:
+        """Per finest stored bin inside [start, end), by time, the sum over matching metrics (GPUs, devices)
+        of each one's mean in it: a sparkline of hours without reading the samples; None where the
+        strategy's samples were not binned as written."""
+        names = self._metrics_like(strategy_id, metric_like)
+        if not self._has_bins(strategy_id) or not names:
+            return None
+        width = BIN_WIDTHS_S[0]
+        rows = self.conn.execute(
+            f"SELECT bin, SUM(total / n) FROM sample_bins WHERE strategy_id = ? AND width_s = ? "
+            f"AND metric IN ({', '.join('?' * len(names))}) AND bin >= ? AND bin < ? GROUP BY bin ORDER BY bin",
+            (strategy_id, width, *names, math.ceil(start / width), math.floor(end / width)),
+        )
+        return [value for _, value in rows]
+
+    def mean_between(self, strategy_id: int, metric_like: str, start: float, end: float) -> float | None:
+        """The sum over matching metrics (GPUs, devices) of each one's mean value sampled in [start, end):
+        whole stored bins inside the window, samples only at its two edges."""
+        means = []
+        for name in self._metrics_like(strategy_id, metric_like):
+            widths = BIN_WIDTHS_S[::-1] if self._has_bins(strategy_id) else ()
+            count, total = self._window_total(strategy_id, name, start, end, widths)
+            if count:
+                means.append(total / count)
+        return math.fsum(means) if means else None
+
+    def _window_total(
+        self, strategy_id: int, metric: str, start: float, end: float, widths: tuple[float, ...]
+    ) -> tuple[int, float]:
+        """(samples with a value, their sum) in [start, end): the widest bins that fit whole, then finer
+        ones at the edges, then the samples."""
+        if not widths:
+            return self.conn.execute(
+                "SELECT COUNT(value), TOTAL(value) FROM samples WHERE strategy_id = ? AND metric = ? "
+                "AND t >= ? AND t < ?",
+                (strategy_id, metric, start, end),
+            ).fetchone()
+        width = widths[0]
+        first, last = math.ceil(start / width), math.floor(end / width)  # the whole bins: [first, last)
+        if first >= last:
+            return self._window_total(strategy_id, metric, start, end, widths[1:])
+        count, total = self.conn.execute(
+            "SELECT COALESCE(SUM(n), 0), TOTAL(total) FROM sample_bins WHERE strategy_id = ? AND metric = ? "
+            "AND width_s = ? AND bin >= ? AND bin < ?",
+            (strategy_id, metric, width, first, last),
+        ).fetchone()
+        for edge in ((start, first * width), (last * width, end)):
+            more = self._window_total(strategy_id, metric, *edge, widths[1:])
+            count, total = count + more[0], total + more[1]
+        return count, total
+
+    def _has_bins(self, strategy_id: int) -> bool:
+        """Whether the strategy's samples were binned as written (stores before the bins were added: no)."""
+        if "sample_bins" not in self._tables:
+            return False
+        row = self.conn.execute("SELECT 1 FROM sample_bins WHERE strategy_id = ? LIMIT 1", (strategy_id,))
+        return row.fetchone() is not None
+
+    @functools.cached_property
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def step_telemetry(self, strategy_id: int, after_step: int = 0) -> dict[int, StepTelemetry]:
+        """Stored figures of the steps past after_step; none in a store written before they were stored."""
+        if "step_telemetry" not in self._tables:
+            return {}
+        rows = self.conn.execute(
+            "SELECT * FROM step_telemetry WHERE strategy_id = ? AND step > ? ORDER BY step", (strategy_id, after_step)
+        )
+        return {r["step"]: StepTelemetry(*tuple(r)[2:]) for r in rows}
 
     def tune_points(self, run_id: int) -> list[TunePoint]:
         """Best score first."""
         rows = self.conn.execute("SELECT * FROM tune_points WHERE run_id = ? ORDER BY score_gbps DESC", (run_id,))
         return [TunePoint.from_row(r) for r in rows]
 
-    def events(self, strategy_id: int, kind: str | None = None, after_id: int = 0) -> list[sqlite3.Row]:
-        """By start time; `after_id`: only those recorded after that event (ids grow with each commit)."""
+    def events(
+        self, strategy_id: int, kind: str | None = None, after_id: int = 0, rank: int | None = None
+    ) -> list[sqlite3.Row]:
+        """By start time; `after_id`: only those recorded after that event (ids grow with each commit);
+        `rank`: only that rank's and those of no rank (the sampler's)."""
         query, args = "SELECT * FROM events WHERE strategy_id = ? AND id > ?", (strategy_id, after_id)
         if kind is not None:
             query, args = query + " AND kind = ?", (*args, kind)
+        if rank is not None:
+            query, args = query + " AND (rank = ? OR rank IS NULL)", (*args, rank)
         return self.conn.execute(query + " ORDER BY t_start", args).fetchall()

@@ -28,6 +28,7 @@ from typing import Callable, Protocol
 
 import psutil
 
+from offloadlab.results.steps import StepFigures
 from offloadlab.results.store import RunStore
 from offloadlab.telemetry.block_devices import BlockDevices, read_diskstats, resolve_block_devices
 
@@ -140,6 +141,7 @@ class Sampler:
     def _loop(self) -> None:
         store = RunStore(self.run_dir, writable=True)
         store.add_events(self.strategy_id, None, [(None, "telemetry_note", time.time(), None, n) for n in self.notes])
+        steps = StepFigures(self.strategy_id)
         pending: list[tuple] = []
         last_flush = time.time()
         next_at = time.time()
@@ -148,11 +150,13 @@ class Sampler:
             now = time.time()
             if now - last_flush >= self.flush_every_s:
                 store.add_samples(self.strategy_id, pending)
+                steps.store_final(store, strategy_finished=False)
                 pending, last_flush = [], now
             next_at += self.period
             self._stop.wait(max(0.0, next_at - time.time()))
         pending += self.sample()
         store.add_samples(self.strategy_id, pending)
+        steps.store_final(store, strategy_finished=True)
         store.close()
 
     def sample(self) -> list[tuple[float, str, str, float | None]]:
