@@ -12,10 +12,12 @@ import tomli_w
 from rich.console import Console
 
 from conftest import cli, flat
-from offloadlab.autotune.search import parse_budget
+from offloadlab.autotune.search import Budget, parse_budget, watch
 from offloadlab.autotune.space import search_space, splits
-from offloadlab.autotune.trials import _too_slow
+from offloadlab.autotune.trials import Trial, _too_slow
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
+from offloadlab.results.figures import StepTimes
+from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore, StepRecord
 from offloadlab.spec import SpecError, load_spec, parse_spec
 
@@ -77,6 +79,27 @@ def test_the_search_space_is_what_the_plan_fits_at_every_split_each_placement_fi
     assert {c.placement_name for c in only} == {"fsdp2", "zero2-cpu"}
     with pytest.raises(SpecError, match="--only zero9: not a placement the plan says fits"):
         search_space(inputs, {"zero9"})
+
+
+def test_an_exact_configuration_is_held_to_the_fastest_exact_one_only(tmp_path):
+    """On an H200 ZenFlow's 0.17 s steps stopped every exact trial (0.6 s) when each was held to the fastest
+    of all, and no fastest exact configuration was found."""
+    inputs = PlanInputs.gather(PlanRequest(spec_path=_spec(tmp_path)), Console(quiet=True))
+    candidates = search_space(inputs)
+    inexact, exact = (next(c for c in candidates if c.exact is e) for e in (False, True))
+
+    def trial(candidate, step_s: float) -> Trial:
+        steps = [
+            StepRecord(i, 1.0, i * step_s, (i + 1) * step_s, 128 / step_s, None, None, None, 0, 0, 0) for i in range(4)
+        ]
+        return Trial(candidate, tmp_path, Status.DONE, None, 10.0, StepTimes.of_steps(steps), {})
+
+    done = [trial(inexact, 0.17)]
+    assert watch(done, Budget(60.0), exact=True).slowest_step_s is None
+    assert watch(done, Budget(60.0), exact=False).slowest_step_s == pytest.approx(2 * 0.17)
+    done.append(trial(exact, 0.6))
+    assert watch(done, Budget(60.0), exact=True).slowest_step_s == pytest.approx(2 * 0.6)
+    assert watch(done, Budget(60.0), exact=False).slowest_step_s == pytest.approx(2 * 0.17)
 
 
 def _store_with_steps(run_dir: Path, step_seconds: list[float], last_ended_ago: float) -> None:
