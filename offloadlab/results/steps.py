@@ -71,26 +71,15 @@ SERIES = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class AllRanks:
     """One step's figures over every rank: bytes add up, peaks are the highest rank's."""
 
-    disk_read_bytes: float = 0.0
-    disk_write_bytes: float = 0.0
-    peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    host_rss_peak_bytes: int | None = None
-
-    def add(self, r: StepRecord) -> None:
-        self.disk_read_bytes += r.disk_read_bytes
-        self.disk_write_bytes += r.disk_write_bytes
-        self.peak_allocated_bytes = _max(self.peak_allocated_bytes, r.peak_allocated_bytes)
-        self.peak_reserved_bytes = _max(self.peak_reserved_bytes, r.peak_reserved_bytes)
-        self.host_rss_peak_bytes = _max(self.host_rss_peak_bytes, r.host_rss_peak_bytes)
-
-
-def _max(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else max(a, b)
+    disk_read_bytes: float
+    disk_write_bytes: float
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    host_rss_peak_bytes: int | None
 
 
 class FollowedStrategy:
@@ -129,11 +118,8 @@ class FollowedStrategy:
         last = self.rank0[-1].step if self.rank0 else 0
         self.rank0 += store.steps(self.strategy_id, rank=0, after_step=last)
         # Other ranks' rows of the newest steps may still be on their way: those steps are summed again.
-        redo = store.steps(self.strategy_id, rank=None, after_step=max(0, last - 1))
-        for step in {r.step for r in redo}:
-            self.all_ranks[step] = AllRanks()
-        for r in redo:
-            self.all_ranks[r.step].add(r)
+        for step, *figures in store.steps_over_ranks(self.strategy_id, after_step=max(0, last - 1)):
+            self.all_ranks[step] = AllRanks(*figures)
         stored = store.step_telemetry(self.strategy_id, after_step=self._stored_through)
         self.telemetry.update(stored)
         self._stored_through = max(stored, default=self._stored_through)
