@@ -353,12 +353,13 @@ class FSDP2Strategy(_Strict):
 
 
 Strategy = Annotated[Union[DeepSpeedStrategy, FSDP2Strategy], Field(discriminator="engine")]
+_STRATEGY = TypeAdapter(Strategy)  # built once: building one takes milliseconds, and the TUI reads every second
 
 
 def strategy_from_store(config: dict) -> DeepSpeedStrategy | FSDP2Strategy | None:
     """A strategy as a run store recorded it; None for one an older offloadlab wrote that no longer reads."""
     try:
-        return TypeAdapter(Strategy).validate_python(config)
+        return _STRATEGY.validate_python(config)
     except ValidationError:
         return None
 

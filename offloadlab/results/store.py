@@ -323,6 +323,7 @@ class RunStore:
 
     def __init__(self, run_dir: Path, create_schema: bool = False, writable: bool = False):
         self.run_dir = Path(run_dir)
+        self._metric_names: dict[int, list[str]] = {}
         if create_schema:
             self.conn = create(self.run_dir)
         elif writable:
@@ -578,10 +579,14 @@ class RunStore:
     def metrics(self, strategy_id: int) -> list[str]:
         """The metric names a strategy's samples hold: one index seek per name (a long run has millions of
         samples and a dozen names; DISTINCT would read them all)."""
+        if strategy_id in self._metric_names:
+            return self._metric_names[strategy_id]
         names: list[str] = []
         query = "SELECT MIN(metric) FROM samples WHERE strategy_id = ? AND metric > ?"
         while (name := self.conn.execute(query, (strategy_id, names[-1] if names else "")).fetchone()[0]) is not None:
             names.append(name)
+        if names:  # the sampler writes every one of its names in each flush: once there are some, that is all
+            self._metric_names[strategy_id] = names
         return names
 
     def _metrics_like(self, strategy_id: int, metric_like: str) -> list[str]:
