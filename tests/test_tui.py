@@ -8,18 +8,22 @@ from run to run and a snapshot must not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import re
 import signal
 import sqlite3
 import statistics
+import sys
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from textual.widgets import DataTable, Sparkline, Static
 
 from conftest import cli, copy_store, h200_budget_run_with_its_plan, wait_for_worker
@@ -457,7 +461,7 @@ def test_snapshot_of_the_dashboard_on_a_large_terminal(fixed_root, snap_compare)
 def test_the_reader_works_without_textual(fixed_root):
     view = read_run(fixed_root / "demo")
     assert [s.name for s in view.strategies] == ["zero3-nvme", "fsdp2-cpu-offload", "fsdp2"]
-    # 5 steps left at the median of the steady steps (the first, 0.7 s, left out: 0.9 and 0.6 s)
+    # 5 steps left at the mean of the steady steps (the first, 0.7 s, left out: 0.9 and 0.6 s)
     assert view.current.name == "fsdp2" and view.current.eta_s == pytest.approx(5 * 0.75)
     assert view.strategies[1].summary.reason.startswith("host RAM exhausted")
     assert json.dumps([e.name for e in find_runs(fixed_root)]) == '["demo", "tune"]'
@@ -544,6 +548,57 @@ def test_the_comparison_table_stays_scrolled_across_polls(fixed_root):
             assert table.scroll_x == 40 and table.row_count == 3
 
     asyncio.run(scenario())
+
+
+def test_the_running_strategy_comes_first_and_question_mark_lists_the_keys(fixed_root):
+    """At 80x24 one panel fits: the running strategy's used to sit below the finished ones, off-screen."""
+
+    async def scenario():
+        app = make_app(root=fixed_root, poll_s=0.05)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: _ready(app, DashboardScreen))
+            assert [p.strategy_name for p in panels(app).values()][0] == "fsdp2"  # running; third in the spec
+            # No NVML here: the GPU's series are left out, not drawn flat.
+            assert not panels(app)["fsdp2"].query_one("#m-tx").display
+            await pilot.press("question_mark")
+            await wait_until(pilot, lambda: bool(app.screen.query("HelpPanel")))
+            await pilot.pause()
+            console = Console(record=True, width=80, file=io.StringIO())
+            console.print(app.screen.query_one("HelpPanel").query_one("BindingsTable").render())
+            listed = console.export_text()
+            assert all(word in listed for word in ("Dashboard", "Tune", "Runs", "Quit")), listed
+            await pilot.press("question_mark")
+            await wait_until(pilot, lambda: not app.screen.query("HelpPanel"))
+
+    asyncio.run(scenario())
+
+
+def test_a_closed_terminal_ends_the_tui_within_a_second(fixed_root):
+    """SIGHUP, as a terminal that closes sends, during the dashboard's reads."""
+    import pty
+
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: the TUI on the pseudo-terminal
+        os.execv(
+            sys.executable,
+            [sys.executable, "-c", "from offloadlab_tui.app import main; main()", str(fixed_root / "demo")],
+        )
+    try:
+        deadline = time.monotonic() + 30
+        seen = b""
+        while b"zero3-nvme" not in seen and time.monotonic() < deadline:  # the dashboard is drawn
+            seen += os.read(terminal, 65536)
+        assert b"zero3-nvme" in seen
+        os.kill(pid, signal.SIGHUP)
+        sent = time.monotonic()
+        while not os.waitpid(pid, os.WNOHANG)[0]:
+            assert time.monotonic() - sent < 1.0, "the TUI outlived its terminal by a second"
+            time.sleep(0.02)
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(terminal)
 
 
 @pytest.mark.parametrize("size", [SIZE, (140, 48)])

@@ -29,6 +29,7 @@ class OffloadlabApp(App):
         ("t", "switch_mode('tune')", "Tune"),
         ("r", "switch_mode('runs')", "Runs"),
         ("q", "quit", "Quit"),
+        ("question_mark", "help", "Keys"),
     ]
 
     def __init__(
@@ -64,6 +65,13 @@ class OffloadlabApp(App):
         # An unreadable or missing store still opens: the dashboard says what is wrong with it.
         self.pinned_run = path
         return "dashboard"
+
+    def action_help(self) -> None:
+        """Every key of the screen shown and the widget in focus (scrolling included), beside the screen."""
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
 
     def open_dir(self, path: Path) -> None:
         self.switch_mode(self._pin(path))

@@ -90,6 +90,20 @@ class RunView:
     def current(self) -> StrategyView | None:
         return next((s for s in self.strategies if s.summary.status is Status.RUNNING), None)
 
+    @property
+    def eta(self) -> tuple[float, int] | None:
+        """(seconds until the run ends, strategies left out of that for want of a step time) while it runs:
+        the running strategy's ETA, and each pending one's steps at the plan's step time (`run --plan`)."""
+        if self.current is None:
+            return None
+        seconds, unknown = self.current.eta_s or 0.0, 0
+        for s in self.strategies:
+            if s.summary.status is Status.PENDING:
+                planned = s.summary.planned.step_s if s.summary.planned else None
+                seconds += (planned or 0.0) * s.summary.steps_planned
+                unknown += not planned
+        return seconds, unknown
+
 
 @dataclass(frozen=True)
 class TuneView:
@@ -144,9 +158,10 @@ def _summed_by_time(rows: list[tuple[float, str, float | None]]) -> list[tuple[f
 
 
 def _eta(summary: StrategySummary) -> float | None:
-    if summary.status is not Status.RUNNING or summary.median_step_time_s is None:
+    """The steps left at the mean steady step (stalls included: a median was 4x optimistic on ZenFlow)."""
+    if summary.status is not Status.RUNNING or summary.mean_step_time_s is None:
         return None
-    return summary.median_step_time_s * max(0, summary.steps_planned - summary.steps_done)
+    return summary.mean_step_time_s * max(0, summary.steps_planned - summary.steps_done)
 
 
 def _mean(values: list[float]) -> float | None:

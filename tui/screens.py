@@ -18,6 +18,8 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Header, Input, Label, Static
 
+from offloadlab.results.status import Status
+
 from . import processes
 from .reader import ReaderError, RunReader, RunView, TuneView, find_runs, latest, read_tune, when
 from .widgets import CompareTable, RunHeader, StrategyPanel, TuneHeatmap, top_points_table
@@ -130,11 +132,14 @@ class DashboardScreen(PollingScreen):
     async def _show_panels(self, view: RunView) -> None:
         box = self.query_one("#panels", VerticalScroll)
         panels = list(box.query(StrategyPanel))
-        if [p.strategy_name for p in panels] != [s.name for s in view.strategies]:
+        # The running strategy first, at the top: at 80x24 one panel fits, and it was below the finished ones.
+        shown = sorted(view.strategies, key=lambda s: s.summary.status is not Status.RUNNING)
+        if [p.strategy_name for p in panels] != [s.name for s in shown]:
             await box.remove_children()
-            panels = [StrategyPanel(s.name, classes="strategy") for s in view.strategies]
+            panels = [StrategyPanel(s.name, classes="strategy") for s in shown]
             await box.mount_all(panels)
-        for panel, strategy in zip(panels, view.strategies):
+            box.scroll_home(animate=False)
+        for panel, strategy in zip(panels, shown):
             panel.view = strategy
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 
@@ -34,6 +35,12 @@ from .reader import RunView, Series, StrategyView, TuneView
 
 def _rate(bytes_per_s: float) -> str:
     return f"{human_bytes(bytes_per_s)}/s"
+
+
+def hours_minutes(seconds: float) -> str:
+    """h:mm, rounded up: an ETA of 20 s is "0:01", not "0:00"."""
+    minutes = math.ceil(seconds / 60)
+    return f"{minutes // 60}:{minutes % 60:02d}"
 
 
 def status_text(summary: StrategySummary, with_reason: bool = True) -> Text:
@@ -158,7 +165,7 @@ class StrategyPanel(Vertical):
         s = view.summary
         progress = f"step {s.steps_done} of {s.steps_planned}"
         if view.eta_s is not None:
-            progress += f", ETA {view.eta_s:.0f} s"
+            progress += f", ETA {hours_minutes(view.eta_s)}"
         title = Text.assemble((s.name, "bold"), f"  {s.engine}  ", status_text(s), f"  {progress}")
         self.heading.update(title)
         self.set_class(s.status is Status.RUNNING, "-running")
@@ -168,13 +175,15 @@ class StrategyPanel(Vertical):
         capacity = capacity_line(s)
         self.capacity.update(capacity)
         self.capacity.display = bool(capacity.plain)
-        no_gpu = "no GPU" if view.gpu_absent else "no data yet"
+        # No GPU: its three series are left out rather than drawn flat.
+        for key in ("gpu", "tx", "rx"):
+            self.metrics[key].display = not view.gpu_absent
 
         self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s")
         self.metrics["tps"].show(view.tokens_per_s, lambda v: f"{v:,.0f}")
-        self.metrics["gpu"].show(view.gpu_allocated_bytes, human_bytes, no_gpu)
-        self.metrics["tx"].show(view.pcie_tx_bytes_per_s, _rate, no_gpu)
-        self.metrics["rx"].show(view.pcie_rx_bytes_per_s, _rate, no_gpu)
+        self.metrics["gpu"].show(view.gpu_allocated_bytes, human_bytes)
+        self.metrics["tx"].show(view.pcie_tx_bytes_per_s, _rate)
+        self.metrics["rx"].show(view.pcie_rx_bytes_per_s, _rate)
         no_disk = "no block device" if any("disk fields absent" in n for n in view.telemetry_notes) else "no data yet"
         self.metrics["read"].show(view.disk_read_bytes_per_s, _rate, no_disk)
         self.metrics["write"].show(view.disk_write_bytes_per_s, _rate, no_disk)
@@ -198,8 +207,12 @@ class RunHeader(Static):
         current = view.current
         if current:
             s = current.summary
-            eta = f", ETA {current.eta_s:.0f} s" if current.eta_s is not None else ""
+            eta = f", ETA {hours_minutes(current.eta_s)}" if current.eta_s is not None else ""
             text.append(f"\nnow: {s.name} step {s.steps_done} of {s.steps_planned}{eta}", style="cyan")
+            if view.eta is not None:
+                seconds, unknown = view.eta
+                more = f" + {unknown} strateg{'ies' if unknown > 1 else 'y'} without a plan" if unknown else ""
+                text.append(f"; run ETA {hours_minutes(seconds)}{more}", style="cyan")
         self.update(text)
 
 
