@@ -1,6 +1,6 @@
 """`offloadlab report RUN_DIR`: one self-contained HTML page (matplotlib's SVG inline, no scripts, no network)
 with compare's table, where each strategy's step goes, its loss and step times, and per metric its samples
-against the machine's capacity, each strategy on its own scale."""
+against the machine's capacity, the strategies in rows on one scale."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
 from offloadlab.results.figures import STALL_FACTOR
 from offloadlab.results.store import RunStore
@@ -20,6 +21,8 @@ from offloadlab.results.summary import StrategySummary, SummaryCache, summarize
 from offloadlab.results.tables import COLUMNS
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*")
+DASHES = ("-", "--", "-.", ":")
 PHASE_COLORS = {"forward": "#1f77b4", "backward": "#9467bd", "optimizer": "#ff7f0e", "other": "#bbbbbb"}
 MAX_POINTS = 600
 """A line is drawn from at most this many time bins, each the mean of its samples (a 3-hour run has 100k)."""
@@ -96,40 +99,68 @@ def _figure(rows: int, height: float = 1.7) -> tuple[Figure, list]:
 
 
 def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dict, steps_of: dict) -> str:
-    """One row per strategy, each on its own y scale (one shared scale flattened the CPU strategies under
-    NVMe's), x in seconds from the strategy's first step; startup is left of zero, steps are marked."""
-    fig, axes = _figure(len(strategies))
-    for ax, row in zip(axes, strategies):
+    """One row per strategy that has samples of the panel's metrics, all on one y scale so rows compare, x
+    in time from the strategy's first step (startup is left of zero; steps are marked on short runs).
+    Empty: no strategy has any, and the panel is left out."""
+    lines_of = {}
+    for row in strategies:
+        lines = [
+            (label, color, metric, points)
+            for (pattern, label), color in zip(panel.metrics, COLORS)
+            for metric, points in store.binned_samples(row["id"], pattern, MAX_POINTS, GAP_PERIODS).items()
+        ]
+        if lines:
+            lines_of[row["id"]] = lines
+    drawn = [row for row in strategies if row["id"] in lines_of]
+    if not drawn:
+        return ""
+    fig, axes = _figure(len(drawn))
+    for ax in axes[1:]:
+        ax.sharey(axes[0])
+    span = 0.0
+    for ax, row in zip(axes, drawn):
         steps = steps_of[row["id"]]
         ax.set_title(row["name"], loc="left", fontsize=9)
         ax.set_ylabel(panel.unit, fontsize=8)
         ax.tick_params(labelsize=7)
-        drawn = False
-        t0 = steps[0].t_start if steps else None
-        for (pattern, label), color in zip(panel.metrics, COLORS):
-            lines = store.binned_samples(row["id"], pattern, MAX_POINTS, GAP_PERIODS)
-            for metric, points in lines.items():
-                origin = t0 if t0 is not None else points[0][0]
-                x = np.array([t - origin for t, _ in points])
-                y = np.array([np.nan if v is None else v / panel.scale for _, v in points])  # NaN: a break
-                gpu = metric.split(".")[0]
-                name = f"{label}, {gpu}" if len(lines) > 1 else label  # one line per GPU
-                ax.plot(x, y, "-" if gpu in ("gpu0", "disk", "host") else ":", color=color, linewidth=1.2, label=name)
-                drawn = True
+        lines = lines_of[row["id"]]
+        origin = steps[0].t_start if steps else lines[0][3][0][0]
+        per_gpu = len({metric for _, _, metric, _ in lines}) > len(panel.metrics)
+        for label, color, metric, points in lines:
+            x = np.array([t - origin for t, _ in points])
+            y = np.array([np.nan if v is None else v / panel.scale for _, v in points])  # NaN: a break
+            gpu = metric.split(".")[0]
+            name = f"{label}, {gpu}" if per_gpu else label  # one line per GPU
+            ax.plot(x, y, "-" if gpu in ("gpu0", "disk", "host") else ":", color=color, linewidth=1.2, label=name)
+            span = max(span, x[-1])
         summary = summaries.get(row["name"])
-        for (capacity, label), color in zip(panel.capacities(summary) if summary and drawn else [], COLORS):
+        for (capacity, label), color in zip(panel.capacities(summary) if summary else [], COLORS):
             if capacity:
                 ax.axhline(capacity / panel.scale, color=color, linestyle="--", linewidth=0.8, label=label)
-        if drawn and steps and len(steps) <= STEP_MARKS:
+        if steps and len(steps) <= STEP_MARKS:
             for r in steps:
-                ax.axvline(r.t_start - t0, color="#dddddd", linewidth=0.5, zorder=0)
-        if drawn:
-            ax.legend(fontsize=7, loc="upper right")
-            ax.set_ylim(bottom=0)
-        else:
-            ax.text(0.5, 0.5, "no samples", transform=ax.transAxes, ha="center", color="#888888")
-    axes[-1].set_xlabel("seconds from the first step (startup is left of 0; grey lines: step starts)", fontsize=8)
+                ax.axvline(r.t_start - origin, color="#dddddd", linewidth=0.5, zorder=0)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside, not over
+        ax.set_ylim(bottom=0)
+    clock = _clock_axis(span)
+    for ax in axes:
+        ax.xaxis.set_major_formatter(clock)
+    axes[-1].set_xlabel(f"time from the first step ({clock.unit}; startup is left of 0)", fontsize=8)
+    fig.subplots_adjust(right=0.8)  # the legends
     return _svg(fig)
+
+
+def _clock_axis(span_s: float) -> FuncFormatter:
+    """Seconds as h:mm on runs of an hour or more, m:ss below."""
+    if span_s >= 3600:
+        clock = FuncFormatter(
+            lambda x, _: f"{'-' if x < 0 else ''}{int(abs(x) // 3600)}:{int(abs(x) % 3600 // 60):02d}"
+        )
+        clock.unit = "h:mm"
+    else:
+        clock = FuncFormatter(lambda x, _: f"{'-' if x < 0 else ''}{int(abs(x) // 60)}:{int(abs(x) % 60):02d}")
+        clock.unit = "m:ss"
+    return clock
 
 
 def step_time_chart(strategies: list, summaries: dict, steps_of: dict) -> str:
@@ -161,13 +192,19 @@ def loss_chart(strategies: list, steps_of: dict) -> str:
     the exact ones at every step."""
     fig, (ax,) = _figure(1, 2.6)
     drawn = False
-    for row, color in zip(strategies, COLORS):
+    for i, (row, color) in enumerate(zip(strategies, COLORS)):
         steps = steps_of[row["id"]]
         if steps:
-            ax.plot([r.step for r in steps], [r.loss for r in steps], color=color, linewidth=1.2, label=row["name"])
+            # Exact strategies' losses are equal: each its own marker and dash, so one does not hide the rest.
+            style = dict(
+                marker=MARKERS[i % len(MARKERS)], linestyle=DASHES[i % len(DASHES)], markevery=max(1, len(steps) // 12)
+            )
+            ax.plot([r.step for r in steps], [r.loss for r in steps], color=color, linewidth=1.2, markersize=4,
+                    fillstyle="none", label=row["name"], **style)  # fmt: skip
             drawn = True
     if drawn:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        fig.subplots_adjust(right=0.8)
     ax.set_xlabel("step", fontsize=8)
     ax.set_ylabel("loss", fontsize=8)
     ax.tick_params(labelsize=7)
@@ -228,14 +265,16 @@ def write_report(run_dir: Path, out: Path) -> None:
     summaries = summarize(store, cache)
     by_name = {s.name: s for s in summaries}
     steps_of = {row["id"]: cache.strategies[row["id"]].rank0 for row in strategies}  # read once, for every chart
-    sections = [
-        f"<h2>{html.escape(panel.title)}</h2>{metric_chart(store, panel, strategies, by_name, steps_of)}"
-        for panel in PANELS
-    ]
+    charts = [(panel, metric_chart(store, panel, strategies, by_name, steps_of)) for panel in PANELS]
+    sections = [f"<h2>{html.escape(panel.title)}</h2>{chart}" for panel, chart in charts if chart]
+    if len(sections) < len(charts):
+        left_out = ", ".join(panel.title.split(" (")[0] for panel, chart in charts if not chart)
+        sections.append(f"<p>no samples of: {html.escape(left_out)}</p>")
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>offloadlab report: {html.escape(run['name'])}</title>
-<style>body{{font-family:sans-serif;margin:24px;max-width:1100px}}table{{border-collapse:collapse;font-size:12px}}
-td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;vertical-align:top}}
+<style>body{{font-family:sans-serif;margin:24px;max-width:1400px}}table{{border-collapse:collapse;font-size:12px}}
+.wide{{overflow-x:auto}} td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;vertical-align:top;
+white-space:nowrap}}
 td:first-child,td:nth-child(2){{text-align:left}} svg{{max-width:100%;height:auto}}</style></head><body>
 <h1>offloadlab report: {html.escape(run['name'])}</h1><p>run directory {html.escape(str(run_dir))},
 status {html.escape(store.run_status())}.
@@ -244,7 +283,7 @@ practicality is tokens/s over the fastest strategy's here that offloads nothing 
 one, a stored run's of the same model, batch and GPU: the table's "practical" caption in compare names it);
 a stall is a step over
 {STALL_FACTOR:g}x the median. Each cell's second line is the header's second line.</p>
-{_summary_table(summaries)}
+<div class="wide">{_summary_table(summaries)}</div>
 <h2>where the step goes</h2>{phase_chart(summaries)}
 <h2>loss per step</h2>{loss_chart(strategies, steps_of)}
 <h2>step time</h2>{step_time_chart(strategies, by_name, steps_of)}
