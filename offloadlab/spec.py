@@ -63,7 +63,8 @@ LaxPath = Annotated[Path, Field(strict=False)]
 
 class ModelSpec(_Strict):
     preset: str | None = None
-    """A built-in GPT preset name (see `offloadlab.model.PRESETS`), e.g. "tiny" or "gpt-1.4b"."""
+    """A built-in GPT: tiny, small-cpu, gpt-125m, gpt-350m, gpt-760m, gpt-1.4b, gpt-2.7b, gpt-6.7b, gpt-13b,
+    gpt-30b or gpt-70b (`offloadlab.workload.model.PRESETS`)."""
     hf_model: LaxPath | None = None
     """A local Hugging Face checkpoint folder (config.json + *.safetensors): trained from its weights."""
     hf_config: LaxPath | None = None
@@ -71,8 +72,11 @@ class ModelSpec(_Strict):
     d_model: int | None = Field(default=None, gt=0)
     """Override or define the hidden size."""
     n_layers: int | None = Field(default=None, gt=0)
+    """Override or define the number of transformer blocks."""
     n_heads: int | None = Field(default=None, gt=0)
+    """Override or define the attention heads; d_model must be divisible by it."""
     vocab_size: int | None = Field(default=None, gt=0)
+    """Override or define the vocabulary size."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (applied the same way for both engines)."""
 
@@ -128,11 +132,16 @@ class AioSettings(_Strict):
     DeepSpeed's JSON (`model_dump()` is that section)."""
 
     block_size: int = Field(default=1048576, gt=0)
+    """Bytes of each read or write request."""
     queue_depth: int = Field(default=8, gt=0)
+    """Requests in flight."""
     intra_op_parallelism: int = Field(default=1, gt=0)
+    """Threads of each aio handle (ds_nvme_tune writes it as num_threads, which DeepSpeed ignores)."""
     # Not strict: a tune store's points come back from SQLite's integer columns as 0 and 1.
     single_submit: bool = Field(default=False, strict=False)
+    """Submit requests one at a time instead of as one batch."""
     overlap_events: bool = Field(default=True, strict=False)
+    """Submit new requests without waiting for the earlier ones to complete."""
 
     def label(self) -> str:
         return (
@@ -153,6 +162,8 @@ class ZenFlowSettings(_Strict):
     topk_ratio: float = Field(default=0.1, gt=0, lt=1)
     """Share of gradient columns updated on the GPU each step."""
     select_strategy: Literal["auto", "step", "epoch"] = "auto"
+    """When the top-k columns are selected again: every select_interval steps ("step") or epochs ("epoch"),
+    or as DeepSpeed decides ("auto")."""
     select_interval: int | Literal["auto"] = "auto"
     """Steps (or epochs) between re-selecting the top-k columns; an integer unless select_strategy = "auto".
     Measured on a 1.42B GPT: "step" with 4 made each re-selection a 2.8-3.6 s step; "auto" had none
@@ -166,7 +177,9 @@ class ZenFlowSettings(_Strict):
     offload: bool = False
     """Keep the selective optimizer's states in CPU memory too."""
     auto_ratio: float = Field(default=0.99, ge=0, le=1)
+    """DeepSpeed's ZenFlow setting of this name."""
     full_warm_up_rounds: int = Field(default=0, ge=0)
+    """DeepSpeed's ZenFlow setting of this name."""
     pt_reserved_cores_perc: float = Field(default=0.5, ge=0, le=1)
     """Share of the CPU cores left to torch; the rest run ZenFlow's optimizer workers."""
 
@@ -187,13 +200,18 @@ class ZenFlowSettings(_Strict):
 
 class DeepSpeedStrategy(_Strict):
     name: SafeName
+    """Names the strategy's row and its folders: 1-64 letters, digits and . _ + -."""
     engine: Literal["deepspeed"]
+    """DeepSpeed ZeRO."""
+    # An int, not Literal[1, 2, 3]: a Literal takes `zero_stage = true` for 1.
     zero_stage: int = Field(default=3, ge=1, le=3)
-    """An int, not Literal[1, 2, 3]: a Literal takes `zero_stage = true` for 1."""
+    """ZeRO stage: 1 partitions the optimizer state, 2 the gradients too, 3 the parameters too."""
     offload_optimizer: OffloadDevice = "none"
+    """Where the optimizer state lives and steps: the GPU ("none"), the CPU, or NVMe (stage 3)."""
     offload_param: OffloadDevice = "none"
-    """Parameter offload exists only at ZeRO stage 3."""
+    """Where the parameters live; parameter offload exists only at ZeRO stage 3."""
     pin_memory: bool = True
+    """Pin the offloaded buffers in host RAM."""
     buffer_count: int = Field(default=5, gt=0)
     """Parameter swap buffers (offload_param = "nvme")."""
     buffer_size: int = Field(default=100_000_000, gt=0)
@@ -201,14 +219,18 @@ class DeepSpeedStrategy(_Strict):
     max_in_cpu: int = Field(default=1_000_000_000, ge=0)
     """Parameter elements kept in CPU memory when offload_param = "nvme"."""
     optimizer_buffer_count: int = Field(default=4, gt=0)
+    """Optimizer swap buffers (offload_optimizer = "nvme"): 4 for each sub-group in flight."""
     cpu_cores_per_rank: int | None = Field(default=None, gt=0)
     """Physical cores each rank is bound to, and the threads its CPU optimizer runs (DeepSpeed's CPU Adam,
     torch's AdamW on the CPU); default: an equal share of this host's physical cores."""
     ratio: float = Field(default=1.0, gt=0, le=1)
     """Share of optimizer states offloaded (DeepSpeed's partial offload)."""
     stage3_max_live_parameters: int = Field(default=1_000_000_000, gt=0)
+    """DeepSpeed's ZeRO-3 setting of this name: parameter elements resident on a GPU before any are released."""
     stage3_max_reuse_distance: int = Field(default=1_000_000_000, gt=0)
+    """DeepSpeed's ZeRO-3 setting of this name: a parameter used again within this many is kept."""
     stage3_prefetch_bucket_size: int = Field(default=50_000_000, gt=0)
+    """DeepSpeed's ZeRO-3 setting of this name: elements fetched ahead of use."""
     sub_group_size: int = Field(default=1_000_000_000, gt=0)
     """ZeRO-3's optimizer sub-group, in elements: the tile the NVMe optimizer swaps and steps at a time."""
     pipeline_read: bool = False
@@ -228,6 +250,7 @@ class DeepSpeedStrategy(_Strict):
     zenflow: ZenFlowSettings | None = None
     """DeepSpeed's ZenFlow (optimizer on the CPU): a [strategy.zenflow] table turns it on."""
     aio: AioSettings = AioSettings()
+    """DeepSpeed's aio settings, a [strategy.aio] table; a `tuned` fragment fills it."""
     tuned_drive_gbps: tuple[PositiveFloat, PositiveFloat] | None = Field(default=None, strict=False)
     """(read, write) GB/s `offloadlab tune` measured on the drive with these aio settings: taken from a
     `tuned` fragment's [measured], and what `compare` holds the run's NVMe rates against."""
@@ -305,11 +328,16 @@ class DeepSpeedStrategy(_Strict):
 
 class FSDP2Strategy(_Strict):
     name: SafeName
+    """Names the strategy's row and its folders: 1-64 letters, digits and . _ + -."""
     engine: Literal["fsdp2"]
+    """PyTorch FSDP2 (`fully_shard`)."""
     cpu_offload: bool = False
     """Wrap with CPUOffloadPolicy: parameters, gradients and optimizer step live on the CPU."""
     pin_memory: bool = True
+    """cpu_offload: pin the CPU shards (CPUOffloadPolicy's pin_memory)."""
     reshard_after_forward: bool = True
+    """Free each block's gathered parameters after forward (fully_shard's setting); false keeps them for
+    backward, which then needs no all-gather."""
     cpu_optimizer: Literal["torch", "deepspeed"] = "torch"
     """cpu_offload: which AdamW steps the CPU shards: torch's, or DeepSpeed's CPU Adam (SIMD, threaded;
     the same update)."""
@@ -366,12 +394,16 @@ def strategy_from_store(config: dict) -> DeepSpeedStrategy | FSDP2Strategy | Non
 
 class RunSpec(_Strict):
     name: SafeName = "run"
+    """Names the run's folder (runs/NAME-TIME by default): 1-64 letters, digits and . _ + -."""
     seed: int = Field(default=0, ge=0, lt=2**32)
-    """Within what numpy's generator takes (torch's takes more): the data's per-sample seeds, derived from
-    it, stay within torch's 64 bits."""
+    """Seeds the model's initial weights and the data. Within what numpy's generator takes (torch's takes
+    more): the data's per-sample seeds, derived from it, stay within torch's 64 bits."""
     steps: int = Field(default=6, gt=0)
+    """Optimizer steps each strategy trains."""
     seq_len: int = Field(default=64, gt=0)
+    """Tokens a sample."""
     micro_batch: int = Field(default=2, gt=0)
+    """Samples a micro-batch, per rank."""
     grad_accum: int = Field(default=1, gt=0)
     """Micro-batches per optimizer step per rank; effective batch = micro_batch * grad_accum * nproc."""
     global_batch_tokens: int | None = Field(default=None, gt=0)
@@ -379,14 +411,20 @@ class RunSpec(_Strict):
     autotune` chooses micro_batch and grad_accum for each configuration it tries; `run` takes the given ones,
     or trains the whole batch as one micro-batch."""
     precision: Literal["fp32", "bf16"] = "fp32"
+    """The model's precision, the same for every strategy."""
     nproc: int = Field(default=1, gt=0)
     """Processes (GPUs) per strategy; > 1 launches through torchrun."""
     lr: float = Field(default=1e-3, gt=0)
+    """AdamW's learning rate (betas 0.9 and 0.95, eps 1e-8)."""
     weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW's weight decay."""
     grad_clip: float = Field(default=1.0, gt=0)
+    """The gradients' global norm is clipped to this."""
     checkpoint_step: int = Field(default=0, ge=0)
     """Save after this step and verify the restore in a fresh process; 0 picks steps // 2, -1 is not allowed."""
     verify_checkpoint: bool = True
+    """Restore the checkpoint saved after checkpoint_step in a fresh process, and check the whole state and
+    the next step's loss against the uninterrupted run's."""
     telemetry_hz: float = Field(default=10.0, ge=0, le=100)
     """Sampler rate for GPU/host/disk figures; 0 turns the sampler off."""
     gpu_memory_limit_gib: float | None = Field(default=None, gt=0)
@@ -395,7 +433,9 @@ class RunSpec(_Strict):
     nvme_path: LaxPath | None = None
     """Where NVMe strategies swap; offloadlab makes (and removes) its own subfolder there."""
     model: ModelSpec
+    """The [model] table."""
     data: DataSpec = DataSpec()
+    """The [data] table; without it, synthetic tokens."""
     strategy: list[Strategy] = Field(min_length=1)
     """The strategies to compare, each a [[strategy]] table."""
 

@@ -1,6 +1,7 @@
-"""The architecture the folders promise, checked on the source: every import follows the README's Layout
-table, the read side imports no torch, the library never imports the TUI, only the registry and the spec ask
-which engine a strategy is, each engine's folder implements the declared interfaces, lines stay under 120."""
+"""The architecture the folders promise, checked on the source: every import follows the table in
+docs/layout.md, the read side imports no torch, the library never imports the TUI, only the registry and the
+spec ask which engine a strategy is, each engine's folder implements the declared interfaces, lines stay under
+120."""
 
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def test_the_library_never_imports_the_tui():
 
 
 def _layout_table() -> dict[str, set[str]]:
-    """The README's Layout table: each part of offloadlab/ and the parts it may import."""
-    rows = re.findall(r"^\| `(\w+)(?:/|\.py)` \| .* \| ([^|]*) \|$", (REPO / "README.md").read_text(), re.M)
+    """docs/layout.md's table: each part of offloadlab/ and the parts it may import."""
+    rows = re.findall(r"^\| `(\w+)(?:/|\.py)` \| .* \| ([^|]*) \|$", (REPO / "docs/layout.md").read_text(), re.M)
     return {name: {part.strip() for part in imports.split(",")} - {"-"} for name, imports in rows}
 
 
