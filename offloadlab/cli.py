@@ -551,11 +551,10 @@ def init(folder: Path, force: bool) -> None:
 @click.option(
     "--root",
     type=click.Path(path_type=Path),
-    default=Path("runs"),
-    show_default=True,
-    help="Where run directories live; without RUN_DIR the newest is followed.",
+    help="Where run directories live (default: the folder RUN_DIR is in, else ./runs); without RUN_DIR the "
+    "newest is followed.",
 )
-def tui(run_dir: Path | None, root: Path) -> None:
+def tui(run_dir: Path | None, root: Path | None) -> None:
     """Open the live dashboard (runs, tuning, runs browser) in this terminal."""
     from importlib.metadata import entry_points
 
@@ -564,7 +563,8 @@ def tui(run_dir: Path | None, root: Path) -> None:
     found = entry_points(group="console_scripts", name="offloadlab-tui")
     if not found:
         _fail("the TUI is not installed (no offloadlab-tui entry point): reinstall offloadlab")
-    next(iter(found)).load()(["--root", str(root), *([str(run_dir)] if run_dir else [])])
+    # The TUI picks the root itself when none is given: beside RUN_DIR, so `r` lists the runs next to it.
+    next(iter(found)).load()([*(["--root", str(root)] if root else []), *([str(run_dir)] if run_dir else [])])
 
 
 if __name__ == "__main__":

@@ -184,6 +184,15 @@ def test_a_run_opened_by_path_lists_the_runs_beside_it(root, tmp_path, monkeypat
     run = root / "world1"
     assert root_of(run, None) == root.resolve() and root_of(run, tmp_path) == tmp_path
     assert root_of(None, None) == Path("runs")
+    # `offloadlab tui RUN` leaves the root to the TUI (it used to pass ./runs always).
+    given = []
+    monkeypatch.setattr("offloadlab_tui.app.main", given.append)
+    from click.testing import CliRunner
+
+    from offloadlab.cli import main
+
+    assert CliRunner().invoke(main, ["tui", str(run)]).exit_code == 0
+    assert given == [[str(run)]]
 
     async def scenario():
         app = make_app(root=root_of(run, None), run_dir=run, poll_s=0.2)
