@@ -34,7 +34,8 @@ from .reader import RunView, Series, StrategyView, TuneView
 
 
 def _rate(bytes_per_s: float) -> str:
-    return f"{human_bytes(bytes_per_s)}/s"
+    """GB/s, as compare and the report give rates."""
+    return f"{bytes_per_s / 1e9:.2f} GB/s"
 
 
 def hours_minutes(seconds: float) -> str:
@@ -69,13 +70,14 @@ class MetricSpark(Vertical):
         yield self.value
         yield self.range
 
-    def show(self, series: Series, fmt: Callable[[float], str], absent: str = "no data yet") -> None:
+    def show(self, series: Series, fmt: Callable[[float], str], finished: bool, absent: str = "no data yet") -> None:
         self.spark.data = series.values
         if not series.values or series.figure is None:
             self.value.update(absent)
             self.range.update("")
             return
-        self.value.update(fmt(series.figure))
+        # What the figure is: the latest value while the strategy runs, the mean of its steady steps after.
+        self.value.update(f"{fmt(series.figure)} {'mean' if finished else 'now'}")
         self.range.update(f"{fmt(min(series.values))} .. {fmt(max(series.values))}")
 
 
@@ -139,8 +141,8 @@ class StrategyPanel(Vertical):
         ("step", "step time"),
         ("tps", "tokens/s"),
         ("gpu", "GPU memory"),
-        ("tx", "PCIe TX"),
-        ("rx", "PCIe RX"),
+        ("tx", "PCIe to host, all GPUs"),
+        ("rx", "PCIe to GPU, all GPUs"),
         ("read", "disk read"),
         ("write", "disk write"),
         ("cpu", "host CPU"),
@@ -179,15 +181,16 @@ class StrategyPanel(Vertical):
         for key in ("gpu", "tx", "rx"):
             self.metrics[key].display = not view.gpu_absent
 
-        self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s")
-        self.metrics["tps"].show(view.tokens_per_s, lambda v: f"{v:,.0f}")
-        self.metrics["gpu"].show(view.gpu_allocated_bytes, human_bytes)
-        self.metrics["tx"].show(view.pcie_tx_bytes_per_s, _rate)
-        self.metrics["rx"].show(view.pcie_rx_bytes_per_s, _rate)
+        done = s.status.finished
+        self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s", done)
+        self.metrics["tps"].show(view.tokens_per_s, lambda v: f"{v:,.0f}", done)
+        self.metrics["gpu"].show(view.gpu_allocated_bytes, human_bytes, done)
+        self.metrics["tx"].show(view.pcie_tx_bytes_per_s, _rate, done)
+        self.metrics["rx"].show(view.pcie_rx_bytes_per_s, _rate, done)
         no_disk = "no block device" if any("disk fields absent" in n for n in view.telemetry_notes) else "no data yet"
-        self.metrics["read"].show(view.disk_read_bytes_per_s, _rate, no_disk)
-        self.metrics["write"].show(view.disk_write_bytes_per_s, _rate, no_disk)
-        self.metrics["cpu"].show(view.host_cpu_percent, lambda v: f"{v:.0f}%")
+        self.metrics["read"].show(view.disk_read_bytes_per_s, _rate, done, no_disk)
+        self.metrics["write"].show(view.disk_write_bytes_per_s, _rate, done, no_disk)
+        self.metrics["cpu"].show(view.host_cpu_percent, lambda v: f"{v:.0f}%", done)
 
 
 class RunHeader(Static):
@@ -256,7 +259,9 @@ class CompareTable(DataTable):
         for name, cells in rows.items():
             for column, cell in zip(self.columns, cells):
                 if self.get_cell(name, column) != cell:  # an unchanged cell is not repainted
-                    self.update_cell(name, column, cell)
+                    # Widths follow the data: set at the first paint, when every cell was "-", they cut
+                    # "0.243 / 0.6" for good.
+                    self.update_cell(name, column, cell, update_width=True)
 
     @staticmethod
     def _cells(s: StrategySummary) -> list:
