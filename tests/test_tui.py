@@ -113,7 +113,7 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
                 # Finished: the figure is the mean of the steady steps (the first left out), not the last step.
                 steady = f"{statistics.fmean(steps[1:]):.3f} s mean"
                 assert text_of(panel.query_one("#m-step .metric-value")) == steady
-                assert text_of(panel.query_one("#m-step .metric-range")) == f"{min(steps):.3f} s .. {max(steps):.3f} s"
+                assert text_of(panel.query_one("#m-step .metric-range")) == f"{min(steps):.3f} .. {max(steps):.3f} s"
                 phase, share = summary.bound_by  # the engines time forward, backward and optimizer
                 assert f"bound by {phase} {share:.0%}" in text_of(panel.query_one(".phases"))
                 assert f"step {summary.steps_done} of {summary.steps_planned}" in text_of(
@@ -560,13 +560,23 @@ def test_the_comparison_table_stays_scrolled_across_polls(fixed_root):
 
 
 def test_the_running_strategy_comes_first_and_question_mark_lists_the_keys(fixed_root):
-    """At 80x24 one panel fits: the running strategy's used to sit below the finished ones, off-screen."""
+    """At 80x24 one panel fits: the running strategy's used to sit below the finished ones, off-screen.
+    Finished ones open from the table."""
 
     async def scenario():
         app = make_app(root=fixed_root, poll_s=0.05)
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: _ready(app, DashboardScreen))
             assert [p.strategy_name for p in panels(app).values()][0] == "fsdp2"  # running; third in the spec
+            # The others fold into their table row until the table's cursor is on it.
+            shown = lambda: [name for name, p in panels(app).items() if p.display]  # noqa: E731
+            assert shown() == ["fsdp2"]
+            app.screen.query_one(CompareTable).focus()
+            await wait_until(pilot, lambda: shown() == ["fsdp2", "zero3-nvme"])  # the cursor's first row
+            await pilot.press("down")
+            await wait_until(pilot, lambda: shown() == ["fsdp2", "fsdp2-cpu-offload"])
+            app.screen.query_one("#panels").focus()
+            await wait_until(pilot, lambda: shown() == ["fsdp2"])
             # No NVML here: the GPU's series are left out, not drawn flat.
             assert not panels(app)["fsdp2"].query_one("#m-tx").display
             await pilot.press("question_mark")

@@ -110,6 +110,7 @@ class DashboardScreen(PollingScreen):
         yield RunHeader(id="run-header")
         yield Static(id="message")
         yield VerticalScroll(id="panels")
+        yield Static(id="collapsed")
         yield CompareTable(id="compare")
         yield Footer()
 
@@ -141,6 +142,31 @@ class DashboardScreen(PollingScreen):
             box.scroll_home(animate=False)
         for panel, strategy in zip(panels, shown):
             panel.view = strategy
+        self._collapse()
+
+    def _collapse(self) -> None:
+        """Finished and pending strategies fold into their table row: the running strategy's panel shows,
+        and the panel of the row the table's cursor is on while the table has focus (or, once nothing
+        runs, always), so at 80x24 the running one is not pushed off the screen."""
+        table = self.query_one(CompareTable)
+        panels = list(self.query(StrategyPanel))
+        running = {p.strategy_name for p in panels if p.view and p.view.summary.status is Status.RUNNING}
+        opened = table.cursor_name() if table.has_focus or not running else None
+        for panel in panels:
+            panel.display = panel.strategy_name in running or panel.strategy_name == opened
+        folded = sum(not p.display for p in panels)
+        hint = self.query_one("#collapsed", Static)
+        hint.update(f"{folded} more in the table: tab to it, then ↑↓ to open a strategy's panel" if folded else "")
+        hint.display = bool(folded)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._collapse()
+
+    def on_descendant_focus(self) -> None:
+        self._collapse()
+
+    def on_descendant_blur(self) -> None:
+        self._collapse()
 
 
 class TuneScreen(PollingScreen):

@@ -78,7 +78,10 @@ class MetricSpark(Vertical):
             return
         # What the figure is: the latest value while the strategy runs, the mean of its steady steps after.
         self.value.update(f"{fmt(series.figure)} {'mean' if finished else 'now'}")
-        self.range.update(f"{fmt(min(series.values))} .. {fmt(max(series.values))}")
+        low, high = fmt(min(series.values)), fmt(max(series.values))
+        if " " in low and low.rsplit(" ", 1)[1] == high.rsplit(" ", 1)[-1]:
+            low = low.rsplit(" ", 1)[0]  # the unit once: "0.00 .. 0.01 GB/s" fits a quarter of 80 columns
+        self.range.update(f"{low} .. {high}")
 
 
 PHASE_STYLES = {"forward": "blue", "backward": "magenta", "optimizer": "yellow", "other": "bright_black"}
@@ -246,6 +249,12 @@ class CompareTable(DataTable):
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.add_columns(*self.COLUMNS)
+
+    def cursor_name(self) -> str | None:
+        """The strategy of the row the cursor is on."""
+        if not self.row_count:
+            return None
+        return str(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)
 
     def show(self, view: RunView) -> None:
         rows = {sv.name: self._cells(sv.summary) for sv in view.strategies}
