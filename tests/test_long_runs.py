@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import sys
 import tarfile
@@ -13,7 +14,8 @@ from rich.console import Console
 
 from conftest import copy_store
 from offloadlab.results.report import write_report
-from offloadlab.results.rundir import DB_NAME
+from offloadlab.results.rundir import DB_NAME, RunDir
+from offloadlab.results.status import Status
 from offloadlab.results.steps import FollowedStrategy
 from offloadlab.results.store import RunStore, connect_read_only
 from offloadlab.results.summary import SummaryCache, summarize
@@ -150,3 +152,24 @@ def test_readers_cost_follows_the_steps_not_the_samples(tmp_path, monkeypatch):
     work_old, figures_old = _read_everything(fast, monkeypatch)
     assert work_old > 3 * work_fast, (work_fast, work_old)
     assert all(_same(a, b, "the old way") for a, b in zip(figures, figures_old))
+
+
+def test_the_tuis_longer_windows_are_read_from_the_bins(tmp_path):
+    """`w` in the TUI: the sampled sparklines over the last hour are 10-s bins (360), not 3,600 samples;
+    the running strategy's last 10 minutes are its samples, kept between polls; the figure of a finished
+    strategy (its steady mean) does not depend on the window."""
+    run = _build(tmp_path, 1.0)
+    lock = RunDir.at(run).lock()  # the run is live: its last strategy runs
+    reader = RunReader(run)
+    ten_minutes = {s.name: s for s in reader.read().strategies}
+    reader.window_s = 3600.0
+    hour = {s.name: s for s in reader.read().strategies}
+    os.close(lock)
+    assert hour["zero2-cpu"].summary.status is Status.RUNNING
+    assert 590 <= len(ten_minutes["zero2-cpu"].host_cpu_percent.values) <= 601  # one sample a second
+    assert 59 <= len(ten_minutes["zero3-nvme"].host_cpu_percent.values) <= 60  # finished: its bins
+    assert hour["zero3-nvme"].host_cpu_percent.figure == pytest.approx(
+        ten_minutes["zero3-nvme"].host_cpu_percent.figure
+    )
+    for view in hour.values():
+        assert 359 <= len(view.host_cpu_percent.values) <= 361, view.name

@@ -19,7 +19,7 @@ from offloadlab.results.figures import steady_state
 from offloadlab.results.rundir import DB_NAME
 from offloadlab.results.status import Status
 from offloadlab.results.steps import FollowedStrategy
-from offloadlab.results.store import RunStore, StoreError, TunePoint, runs_in
+from offloadlab.results.store import BIN_WIDTHS_S, RunStore, StoreError, TunePoint, runs_in
 from offloadlab.results.summary import StrategySummary, SummaryCache, summarize
 
 TUNE_RUN_NAME = "tune"
@@ -31,8 +31,10 @@ class ReaderError(Exception):
 
 WINDOW_STEPS = 120
 """Per-step sparklines show the last this many steps."""
-WINDOW_S = 600.0
-"""Sampled sparklines (PCIe, disk) show the last this many seconds of the strategy's samples."""
+WINDOWS_S = (600.0, 3600.0, 6 * 3600.0)
+"""What sampled sparklines (PCIe, disk, CPU) can show: the last this many seconds (`w` cycles). The first
+is drawn from the samples, longer ones from the stored 10-s bins."""
+WINDOW_S = WINDOWS_S[0]
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class StrategyView:
     telemetry_notes: list[str]
     """Why some fields are absent (no NVML, no block device), as the sampler recorded it."""
     eta_s: float | None
+    window_s: float
+    """The sampled series' window (seconds); the per-step ones show the last WINDOW_STEPS steps."""
 
     @property
     def name(self) -> str:
@@ -178,30 +182,36 @@ SAMPLED = {
 
 
 class SampleWindow:
-    """The last WINDOW_S seconds of one sampled series of a running strategy, kept between polls: each
-    poll reads only the samples taken since the last."""
+    """The last `window_s` seconds of one sampled series of a running strategy. The first window is kept
+    between polls (each reads only the samples taken since the last); a longer one is read from the
+    stored 10-s bins, whose newest is still filling."""
 
-    def __init__(self, pattern: str):
-        self.pattern = pattern
+    def __init__(self, pattern: str, window_s: float):
+        self.pattern, self.window_s = pattern, window_s
         self.rows: list[tuple[float, str, float | None]] = []
 
     def update(self, store: RunStore, strategy_id: int) -> list[float]:
-        after = self.rows[-1][0] if self.rows else store.newest_sample_t(strategy_id) - WINDOW_S
+        if self.window_s > WINDOW_S:
+            newest = store.newest_sample_t(strategy_id)
+            binned = store.binned_sums(strategy_id, self.pattern, newest - self.window_s, newest + BIN_WIDTHS_S[0])
+            if binned is not None:
+                return binned
+        after = self.rows[-1][0] if self.rows else store.newest_sample_t(strategy_id) - self.window_s
         self.rows += store.samples(strategy_id, self.pattern, after_t=after)
         if self.rows:
-            start = self.rows[-1][0] - WINDOW_S
+            start = self.rows[-1][0] - self.window_s
             self.rows = self.rows[bisect.bisect_right([r[0] for r in self.rows], start) :]
         return [v for _, v in _summed_by_time(self.rows)]
 
 
-def _finished_series(store: RunStore, strategy_id: int, pattern: str, steady: list) -> Series:
-    """A finished strategy's last WINDOW_S up to its last step (the sampler outlives it a little): in the
-    stored bins where it ran that long, else (or in a store written before them) its samples. Its figure
-    is the mean over the steady steps."""
+def _finished_series(store: RunStore, strategy_id: int, pattern: str, steady: list, window_s: float) -> Series:
+    """A finished strategy's last window_s up to its last step (the sampler outlives it a little): in the
+    stored bins where it ran longer than WINDOW_S, else (or in a store written before them) its samples.
+    Its figure is the mean over the steady steps."""
     if not steady:
         return Series([], None)
     first, last = steady[0].t_start, steady[-1].t_end
-    start = max(first, last - WINDOW_S)
+    start = max(first, last - window_s)
     shown = store.binned_sums(strategy_id, pattern, start, last) if last - first >= WINDOW_S else None
     if shown is None:
         shown = [v for t, v in _summed_by_time(store.samples(strategy_id, pattern, after_t=start)) if t <= last]
@@ -209,7 +219,11 @@ def _finished_series(store: RunStore, strategy_id: int, pattern: str, steady: li
 
 
 def _strategy_view(
-    store: RunStore, followed: FollowedStrategy, summary: StrategySummary, windows: dict[str, SampleWindow]
+    store: RunStore,
+    followed: FollowedStrategy,
+    summary: StrategySummary,
+    windows: dict[str, SampleWindow],
+    window_s: float,
 ) -> StrategyView:
     finished = summary.status.finished
     steps = followed.rank0
@@ -218,7 +232,7 @@ def _strategy_view(
 
     def sampled(field: str) -> Series:
         if finished:
-            return _finished_series(store, followed.strategy_id, SAMPLED[field], steady)
+            return _finished_series(store, followed.strategy_id, SAMPLED[field], steady, window_s)
         return Series.of(windows[field].update(store, followed.strategy_id), False, None)
 
     allocated = [float(r.peak_allocated_bytes) for r in steps if r.peak_allocated_bytes is not None]
@@ -230,18 +244,30 @@ def _strategy_view(
         **{field: sampled(field) for field in SAMPLED},
         telemetry_notes=[row["detail"] for row in followed.events.get("telemetry_note", [])],
         eta_s=_eta(summary),
+        window_s=window_s,
     )
 
 
 class RunReader:
     """One run as the dashboard polls it: the summaries follow the store through a cache (a poll reads
-    what was written since the last), and a finished strategy's panel data is read once."""
+    what was written since the last), and a finished strategy's panel data is read once per window."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, window_s: float = WINDOW_S):
         self.run_dir = Path(run_dir)
         self._cache = SummaryCache()
         self._finished: dict[str, StrategyView] = {}
         self._windows: dict[str, dict[str, SampleWindow]] = {}
+        self.window_s = window_s
+
+    @property
+    def window_s(self) -> float:
+        return self._window_s
+
+    @window_s.setter
+    def window_s(self, seconds: float) -> None:
+        """Another window: the sampled series are read afresh over it."""
+        self._window_s = seconds
+        self._finished, self._windows = {}, {}
 
     def read(self) -> RunView:
         return _read(self.run_dir, self._read)
@@ -256,8 +282,10 @@ class RunReader:
                 # Its own figures are final; practicality and the loss check can still change with others.
                 views.append(dataclasses.replace(kept, summary=summary))
                 continue
-            windows = self._windows.setdefault(summary.name, {f: SampleWindow(p) for f, p in SAMPLED.items()})
-            view = _strategy_view(store, self._cache.strategies[ids[summary.name]], summary, windows)
+            windows = self._windows.setdefault(
+                summary.name, {f: SampleWindow(p, self.window_s) for f, p in SAMPLED.items()}
+            )
+            view = _strategy_view(store, self._cache.strategies[ids[summary.name]], summary, windows, self.window_s)
             if summary.status.finished:
                 self._finished[summary.name] = view
             views.append(view)

@@ -21,7 +21,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Label, Static
 from offloadlab.results.status import Status
 
 from . import processes
-from .reader import ReaderError, RunReader, RunView, TuneView, find_runs, latest, read_tune, when
+from .reader import WINDOWS_S, ReaderError, RunReader, RunView, TuneView, find_runs, latest, read_tune, when
 from .widgets import CompareTable, RunHeader, StrategyPanel, TuneHeatmap, top_points_table
 
 
@@ -103,7 +103,16 @@ class PollingScreen(Screen):
 class DashboardScreen(PollingScreen):
     """The run being followed: a panel per strategy and the comparison table."""
 
+    BINDINGS = [("w", "window", "Window")]
     _reader: RunReader | None = None
+    window_s = WINDOWS_S[0]
+
+    def action_window(self) -> None:
+        """The next window of the sampled series (10 min, 1 h, 6 h), read afresh."""
+        self.window_s = WINDOWS_S[(WINDOWS_S.index(self.window_s) + 1) % len(WINDOWS_S)]
+        if self._reader is not None:
+            self._reader.window_s = self.window_s
+        self.refresh_data()
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -119,7 +128,7 @@ class DashboardScreen(PollingScreen):
         if target is None:
             return None
         if self._reader is None or self._reader.run_dir != target:
-            self._reader = RunReader(target)  # another run: its cache starts afresh
+            self._reader = RunReader(target, self.window_s)  # another run: its cache starts afresh
         return self._reader.read()
 
     def nothing_yet(self) -> str:

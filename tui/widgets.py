@@ -30,7 +30,7 @@ from offloadlab.results.tables import (
     stalls,
 )
 
-from .reader import RunView, Series, StrategyView, TuneView
+from .reader import WINDOW_STEPS, RunView, Series, StrategyView, TuneView
 
 
 def _rate(bytes_per_s: float) -> str:
@@ -157,12 +157,14 @@ class StrategyPanel(Vertical):
         self.heading = Static(classes="panel-title")
         self.phases = Static(classes="phases")
         self.capacity = Static(classes="capacity")
+        self.windows = Static(classes="windows")
         self.metrics = {key: MetricSpark(title, id=f"m-{key}") for key, title in self.METRICS}
 
     def compose(self) -> ComposeResult:
         yield self.heading
         yield self.phases
         yield self.capacity
+        yield self.windows
         with Grid(classes="metrics"):
             yield from self.metrics.values()
 
@@ -185,6 +187,10 @@ class StrategyPanel(Vertical):
             self.metrics[key].display = not view.gpu_absent
 
         done = s.status.finished
+        window = f"{view.window_s / 60:.0f} min" if view.window_s < 3600 else f"{view.window_s / 3600:.0f} h"
+        self.windows.update(
+            Text(f"step series: the last {WINDOW_STEPS} steps · sampled: the last {window} (w)", "dim")
+        )
         self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s", done)
         self.metrics["tps"].show(view.tokens_per_s, lambda v: f"{v:,.0f}", done)
         self.metrics["gpu"].show(view.gpu_allocated_bytes, human_bytes, done)
