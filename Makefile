@@ -30,7 +30,7 @@ demo: setup
 	d=$$(mktemp -d -p "$${TMPDIR:-/var/tmp}") && $(BIN)/offloadlab tune --nvme "$$d" --quick; rc=$$?; rmdir "$$d"; exit $$rc
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 clean:
 	rm -rf $(VENV) runs
