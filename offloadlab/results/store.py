@@ -74,6 +74,8 @@ CREATE TABLE IF NOT EXISTS events (
     t_end REAL,
     detail TEXT
 );
+-- A strategy's events by rank: each rank writes a few a step, and readers want rank 0's.
+CREATE INDEX IF NOT EXISTS events_by_strategy ON events (strategy_id, rank, id);
 -- Keyed by series and time, without a rowid: the table is its own index, half the bytes of a table plus a
 -- covering index (stores written before keep that pair, and read the same way).
 CREATE TABLE IF NOT EXISTS samples (
@@ -551,6 +553,21 @@ class RunStore:
             (strategy_id, after_step),
         ).fetchall()
 
+    def last_event_id(self) -> int:
+        return self.conn.execute("SELECT MAX(id) FROM events").fetchone()[0] or 0
+
+    def seconds_by_step(
+        self, strategy_id: int, rank: int, kinds: tuple[str, ...], after_id: int, up_to_id: int
+    ) -> list[tuple[int, str, float]]:
+        """(step, kind, seconds) of a rank's timed events of those kinds recorded in (after_id, up_to_id],
+        summed in SQL per step and kind (a phase repeats once per micro-batch)."""
+        return self.conn.execute(
+            f"SELECT step, kind, SUM(t_end - t_start) FROM events WHERE strategy_id = ? AND rank = ? "
+            f"AND kind IN ({', '.join('?' * len(kinds))}) AND id > ? AND id <= ? AND t_end IS NOT NULL "
+            "GROUP BY step, kind",
+            (strategy_id, rank, *kinds, after_id, up_to_id),
+        ).fetchall()
+
     def steps_trained(self, strategy_id: int) -> int:
         """The last training step rank 0 recorded (0 before the first)."""
         row = self.conn.execute(
@@ -743,13 +760,23 @@ class RunStore:
         return [TunePoint.from_row(r) for r in rows]
 
     def events(
-        self, strategy_id: int, kind: str | None = None, after_id: int = 0, rank: int | None = None
+        self,
+        strategy_id: int,
+        kind: str | None = None,
+        after_id: int = 0,
+        rank: int | None = None,
+        up_to_id: int | None = None,
+        except_kinds: tuple[str, ...] = (),
     ) -> list[sqlite3.Row]:
-        """By start time; `after_id`: only those recorded after that event (ids grow with each commit);
-        `rank`: only that rank's and those of no rank (the sampler's)."""
+        """By start time; `after_id`, `up_to_id`: only those recorded after that event and up to that one
+        (ids grow with each commit); `rank`: only that rank's and those of no rank (the sampler's)."""
         query, args = "SELECT * FROM events WHERE strategy_id = ? AND id > ?", (strategy_id, after_id)
         if kind is not None:
             query, args = query + " AND kind = ?", (*args, kind)
         if rank is not None:
             query, args = query + " AND (rank = ? OR rank IS NULL)", (*args, rank)
+        if up_to_id is not None:
+            query, args = query + " AND id <= ?", (*args, up_to_id)
+        if except_kinds:
+            query, args = query + f" AND kind NOT IN ({', '.join('?' * len(except_kinds))})", (*args, *except_kinds)
         return self.conn.execute(query + " ORDER BY t_start", args).fetchall()
