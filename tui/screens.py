@@ -144,10 +144,19 @@ class DashboardScreen(PollingScreen):
         panels = list(box.query(StrategyPanel))
         # The running strategy first, at the top: at 80x24 one panel fits, and it was below the finished ones.
         shown = sorted(view.strategies, key=lambda s: s.summary.status is not Status.RUNNING)
-        if [p.strategy_name for p in panels] != [s.name for s in shown]:
+        names = [s.name for s in shown]
+        if sorted(p.strategy_name for p in panels) != sorted(names):
             await box.remove_children()
             panels = [StrategyPanel(s.name, classes="strategy") for s in shown]
             await box.mount_all(panels)
+            box.scroll_home(animate=False)
+        elif [p.strategy_name for p in panels] != names:
+            # Another strategy runs now: its panel moves to the top, the panels are kept (a remount left
+            # them empty for a frame).
+            by_name = {p.strategy_name: p for p in panels}
+            panels = [by_name[name] for name in names]
+            for index, panel in enumerate(panels):
+                box.move_child(panel, before=index)
             box.scroll_home(animate=False)
         for panel, strategy in zip(panels, shown):
             panel.view = strategy
