@@ -636,8 +636,9 @@ class RunStore:
         Averaged in SQL from the stored bins where they are fine enough (hours of samples are never read),
         else from the samples."""
         out = {}
+        binned = self._has_bins(strategy_id)
         for name in self._metrics_like(strategy_id, metric_like):
-            stored = self._has_bins(strategy_id) and self._bins_span(strategy_id, name)
+            stored = binned and self._bins_span(strategy_id, name)
             start, end, count = (
                 stored
                 or self.conn.execute(
@@ -702,8 +703,8 @@ class RunStore:
         """The sum over matching metrics (GPUs, devices) of each one's mean value sampled in [start, end):
         whole stored bins inside the window, samples only at its two edges."""
         means = []
+        widths = BIN_WIDTHS_S[::-1] if self._has_bins(strategy_id) else ()
         for name in self._metrics_like(strategy_id, metric_like):
-            widths = BIN_WIDTHS_S[::-1] if self._has_bins(strategy_id) else ()
             count, total = self._window_total(strategy_id, name, start, end, widths)
             if count:
                 means.append(total / count)
