@@ -120,15 +120,16 @@ def _store_with_steps(run_dir: Path, step_seconds: list[float], last_ended_ago: 
         ([0.1, 3.0], 0.0, None),  # one counted step is not a verdict
         ([0.1, 0.5], 30.0, "its step 3 ran past 3 s"),  # the step it is in
         ([0.1, 0.5], 2.0, None),
+        ([0.1, 0.5, 0.5, 0.5], 30.0, None),  # its last step is done: it is ending, not slow (an H100 trial was)
     ],
 )
 def test_a_trial_is_stopped_from_what_its_store_holds(tmp_path, steps, ended_ago, verdict):
     _store_with_steps(tmp_path, steps, ended_ago)
-    assert _too_slow(tmp_path, start_up=1, slowest_step_s=1.5) == verdict
+    assert _too_slow(tmp_path, start_up=1, total_steps=4, slowest_step_s=1.5) == verdict
 
 
 def test_no_store_yet_is_no_verdict(tmp_path):
-    assert _too_slow(tmp_path, start_up=1, slowest_step_s=0.001) is None
+    assert _too_slow(tmp_path, start_up=1, total_steps=4, slowest_step_s=0.001) is None
 
 
 @pytest.mark.slow

@@ -89,7 +89,7 @@ def _steps_so_far(run_dir: Path) -> tuple[sqlite3.Row, list[StepRecord]] | None:
         store.close()
 
 
-def _too_slow(run_dir: Path, start_up: int, slowest_step_s: float) -> str | None:
+def _too_slow(run_dir: Path, start_up: int, total_steps: int, slowest_step_s: float) -> str | None:
     """Why the trial in run_dir is clearly slower, from what its store holds so far; None if it is not."""
     found = _steps_so_far(run_dir)
     if found is None:
@@ -100,20 +100,22 @@ def _too_slow(run_dir: Path, start_up: int, slowest_step_s: float) -> str | None
         return f"its steps took {sum(counted) / len(counted):.3g} s on average"
     # One step in progress is held to more: a single slow step (a collection, a page-in) is not a verdict.
     one_step_s = max(2 * slowest_step_s, slowest_step_s + 1.0)
-    if len(records) >= start_up and time.time() - records[-1].t_end > one_step_s:
+    # After its last step the trial is ending (saving, stopping its ranks): no step is in progress.
+    in_progress = start_up <= len(records) < total_steps
+    if in_progress and time.time() - records[-1].t_end > one_step_s:
         return f"its step {len(records) + 1} ran past {one_step_s:.3g} s"
     return None
 
 
 @contextlib.contextmanager
-def _watched(run_dir: Path, start_up: int, watch: Watch):
+def _watched(run_dir: Path, start_up: int, total_steps: int, watch: Watch):
     """Checks the trial once a second from SIGALRM (the runner's wait loop sleeps in the main thread) and
     raises TrialTooSlow there."""
 
     def check(signum, frame):
         if time.monotonic() > watch.deadline:
             raise TrialTooSlow("stopped: the time budget ran out")
-        why = _too_slow(run_dir, start_up, watch.slowest_step_s) if watch.slowest_step_s else None
+        why = _too_slow(run_dir, start_up, total_steps, watch.slowest_step_s) if watch.slowest_step_s else None
         if why:
             raise TrialTooSlow(f"stopped early, clearly slower than the best so far: {why}")
 
@@ -128,10 +130,11 @@ def _watched(run_dir: Path, start_up: int, watch: Watch):
 
 def run_trial(base: RunSpec, candidate: Candidate, steps: int, run_dir: Path, log: Console, watch: Watch) -> Trial:
     """Train the candidate for `steps` counted steps (after its start-up) in run_dir, stopped as watch says."""
-    spec = candidate.spec(base, steps_to_train(candidate, steps))
+    total_steps = steps_to_train(candidate, steps)
+    spec = candidate.spec(base, total_steps)
     began = time.monotonic()
     try:
-        with _watched(run_dir, start_up_steps(candidate), watch):
+        with _watched(run_dir, start_up_steps(candidate), total_steps, watch):
             run_spec(spec, run_dir, Launch(), log)
     except TrialTooSlow as err:
         return _read(candidate, run_dir, time.monotonic() - began, Status.FAILED, str(err))
