@@ -17,8 +17,15 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from offloadlab.spec import AioSettings, DataSpec, DeepSpeedStrategy, FSDP2Strategy, ModelSpec, RunSpec
-from offloadlab.spec import ZenFlowSettings
+from offloadlab.spec import (
+    AioSettings,
+    DataSpec,
+    DeepSpeedStrategy,
+    FSDP2Strategy,
+    ModelSpec,
+    RunSpec,
+    ZenFlowSettings,
+)
 
 PAGE = Path(__file__).resolve().parent / "spec.md"
 START = "<!-- The tables below are written by docs/gen_spec.py from offloadlab/spec.py: edit the docstrings there. -->"
