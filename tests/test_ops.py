@@ -4,6 +4,7 @@ never leaves a lock that hangs the next one or a library that was never finished
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -226,3 +227,30 @@ def _steps_trained(run_dir: Path) -> int:
             store.close()
     except Exception:  # noqa: BLE001 - not there yet
         return 0
+
+
+CPU_INFO = """
+import json, os, sys
+from offloadlab.engines import ops
+ops.ensure_built(["cpu_adam"])
+asked = json.loads(os.environ[ops.CPU_INFO_ENV])
+os.environ[ops.CPU_INFO_ENV] = sys.argv[1]
+ops._cpu_info_json.cache_clear()
+ops.ask_cpu_info_once()
+print(json.dumps([sorted(asked), ops._builder("cpu_adam").simd_width()]))
+"""
+
+
+def test_the_cpu_is_asked_once_and_its_answer_handed_to_the_ranks():
+    """The parent asks py-cpuinfo and puts the answer in the ranks' environment; a rank's DeepSpeed then
+    builds its compiler flags from that answer (here one without AVX) instead of asking again."""
+    given = json.dumps({"arch": "X86_64", "flags": ["sse2"], "brand_raw": "given"})
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    env.pop(ops.CPU_INFO_ENV, None)
+    proc = subprocess.run(
+        [sys.executable, "-c", CPU_INFO, given], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr
+    asked_keys, simd = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"arch", "flags"} <= set(asked_keys)
+    assert simd == "-D__SCALAR__"
