@@ -55,8 +55,15 @@ def test_the_spec_page_is_what_gen_spec_writes():
 
 
 def test_every_spec_key_has_a_docstring():
-    from offloadlab.spec import AioSettings, DataSpec, DeepSpeedStrategy, FSDP2Strategy, ModelSpec, RunSpec
-    from offloadlab.spec import ZenFlowSettings
+    from offloadlab.spec import (
+        AioSettings,
+        DataSpec,
+        DeepSpeedStrategy,
+        FSDP2Strategy,
+        ModelSpec,
+        RunSpec,
+        ZenFlowSettings,
+    )
 
     models = (RunSpec, ModelSpec, DataSpec, DeepSpeedStrategy, AioSettings, ZenFlowSettings, FSDP2Strategy)
     bare = [f"{m.__name__}.{name}" for m in models for name, f in m.model_fields.items() if not f.description]
