@@ -36,8 +36,8 @@ from offloadlab.spec import AioSettings
 from offloadlab_tui import processes
 from offloadlab_tui.app import make_app
 from offloadlab_tui.reader import ReaderError, find_runs, read_run
-from offloadlab_tui.screens import DashboardScreen, RunsScreen, TuneScreen
-from offloadlab_tui.widgets import CompareTable, StrategyPanel, TuneHeatmap
+from offloadlab_tui.screens import DashboardScreen, RanksScreen, RunsScreen, TuneScreen
+from offloadlab_tui.widgets import CompareTable, GpuTable, RankTable, StrategyPanel, TuneHeatmap
 
 SIZE = (80, 24)
 REPO = Path(__file__).resolve().parents[1]
@@ -270,6 +270,15 @@ def test_a_live_run_started_from_the_tui_shows_progress_and_failure_and_outlives
             job = await start_job(pilot, app, "s", str(spec))
             jobs.append(job)
             worker = await asyncio.to_thread(wait_for_worker, job.process, job.out_dir)
+            # The ranks view finds the rank by the PID it recorded, running, with its memory and then its CPU.
+            await go(pilot, "g", RanksScreen)
+            ranks = app.screen.query_one(RankTable)
+
+            def rank0() -> list[str]:
+                return [str(c) for c in ranks.get_row_at(0)] if ranks.row_count else []
+
+            await wait_until(pilot, lambda: rank0()[:3] == ["0", str(worker.pid), "running"] and rank0()[5] != "-")
+            assert rank0()[3] == "cpu" and rank0()[4].endswith("MiB")
             await go(pilot, "d", DashboardScreen)
             header = app.screen.query_one("#run-header")
             await wait_until(pilot, lambda: "now: victim step" in text_of(header))
@@ -485,13 +494,13 @@ def test_a_run_folder_removed_while_the_runs_are_listed_is_skipped(tmp_path, mon
     vanishing = tmp_path / "tune-1"
     vanishing.mkdir()
     (vanishing / DB_NAME).write_bytes(b"half-written")
-    real_read = reader._read
+    real_read = reader.read_store
 
     def read_after_removal(run_dir, read):
         shutil.rmtree(run_dir)
         return real_read(run_dir, read)
 
-    monkeypatch.setattr(reader, "_read", read_after_removal)
+    monkeypatch.setattr(reader, "read_store", read_after_removal)
     assert find_runs(tmp_path) == []
 
 
@@ -679,6 +688,48 @@ def test_the_tune_screen_keeps_deepspeeds_default_in_view(tmp_path):
             top = app.screen.query_one("#top-points", DataTable)
             labels = [str(top.get_row_at(r)[0]) for r in range(top.row_count)]
             assert top.row_count == 8 and labels[-1].startswith("bs=1M qd=8 t=1 ss=0 ov=1"), labels
+
+    asyncio.run(scenario())
+
+
+def test_the_gpus_and_ranks_view_shows_each_gpus_newest_sample_and_each_rank_as_a_process(fixed_root):
+    """Two GPUs' samples as the sampler writes them; rank 0 recorded this test's own process (alive here),
+    rank 1 one on another host, which cannot be looked at from here."""
+    import socket
+
+    store = RunStore(fixed_root / "demo", writable=True)
+    sid = store.strategy_id(store.run()["id"], "fsdp2")
+    fields = {"util(%)": (40.0, 95.0), "mem_used(B)": (30 * 2**30, 70 * 2**30), "pcie_tx(B/s)": (2e9, 3e9)}
+    rows = [
+        (T0 + 40 + t, "gpu", f"gpu{i}.{name}", values[i] + t)  # the newest sample is the one shown
+        for t in (0, 1)
+        for i in (0, 1)
+        for name, values in fields.items()
+    ]
+    store.add_samples(sid, rows)
+    facts = dict(n_params=1, n_layers=1, d_model=1, seq_len=1, precision="bf16", device_name="H100")
+    facts.update(world_size=2, gpu_memory_bytes=80 * 2**30)
+    processes_ = [(0, os.getpid(), socket.gethostname()), (1, 4242, "elsewhere")]
+    store.add_events(sid, 0, [(None, "model", T0, T0, json.dumps(facts))])
+    for rank, pid, host in processes_:
+        process = dict(pid=pid, host=host, local_rank=rank, device=f"cuda:{rank}", cpu_cores=[2 * rank, 2 * rank + 1])
+        store.add_events(sid, rank, [(None, "rank_process", time.time(), None, json.dumps(process))])
+    store.close()
+
+    async def scenario():
+        app = make_app(root=fixed_root, run_dir=fixed_root / "demo", poll_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await go(pilot, "g", RanksScreen)
+            gpus, ranks = app.screen.query_one(GpuTable), app.screen.query_one(RankTable)
+            await wait_until(pilot, lambda: gpus.row_count == 2 and ranks.row_count == 2)
+            gpu1 = [str(c) for c in gpus.get_row_at(1)]
+            assert gpu1[1].endswith("96%") and gpu1[1].startswith("█" * 8)  # util 95 + 1
+            assert gpu1[2].endswith("88%") and gpu1[3] == "70.0/80.0 GiB"
+            assert gpu1[4].startswith("3.00/")
+            here, there = ([str(c) for c in ranks.get_row_at(i)] for i in (0, 1))
+            assert here[:4] == ["0", str(os.getpid()), "running", "cuda:0"] and here[4].endswith("MiB")
+            assert there[:3] == ["1", "4242", "on elsewhere"] and there[4] == "-"
+            await wait_until(pilot, lambda: str(ranks.get_row_at(0)[5]) != "-")  # CPU from the second look on
 
     asyncio.run(scenario())
 

@@ -15,17 +15,18 @@ from textual.app import App
 
 from .processes import Job
 from .reader import find_runs
-from .screens import DashboardScreen, RunsScreen, TuneScreen
+from .screens import DashboardScreen, RanksScreen, RunsScreen, TuneScreen
 
 
 class OffloadlabApp(App):
     CSS_PATH = "offloadlab.tcss"
     TITLE = "offloadlab"
-    MODES = {"dashboard": DashboardScreen, "tune": TuneScreen, "runs": RunsScreen}
+    MODES = {"dashboard": DashboardScreen, "ranks": RanksScreen, "tune": TuneScreen, "runs": RunsScreen}
     # Set at startup, not switched to in on_mount: a key pressed while the app starts must not be undone.
     DEFAULT_MODE = "dashboard"
     BINDINGS = [
         ("d", "switch_mode('dashboard')", "Dashboard"),
+        ("g", "switch_mode('ranks')", "GPUs"),
         ("t", "switch_mode('tune')", "Tune"),
         ("r", "switch_mode('runs')", "Runs"),
         ("q", "quit", "Quit"),

@@ -140,7 +140,7 @@ def _open(run_dir: Path) -> RunStore:
         raise ReaderError(str(err)) from err
 
 
-def _read(run_dir: Path, read):
+def read_store(run_dir: Path, read):
     store = _open(run_dir)
     try:
         return read(store)
@@ -270,7 +270,7 @@ class RunReader:
         self._finished, self._windows = {}, {}
 
     def read(self) -> RunView:
-        return _read(self.run_dir, self._read)
+        return read_store(self.run_dir, self._read)
 
     def _read(self, store: RunStore) -> RunView:
         run = store.run()
@@ -301,7 +301,7 @@ def read_tune(run_dir: Path) -> TuneView:
         run = store.run()
         return TuneView(Path(run_dir), store.run_status(), run["created_at"], store.tune_points(run["id"]))
 
-    return _read(run_dir, read)
+    return read_store(run_dir, read)
 
 
 def _entry(run_dir: Path) -> RunEntry | None:
@@ -313,7 +313,7 @@ def _entry(run_dir: Path) -> RunEntry | None:
         return RunEntry(run_dir, run["name"], kind, store.run_status(), run["created_at"], finished, len(strategies))
 
     try:
-        return _read(run_dir, read)
+        return read_store(run_dir, read)
     except ReaderError as err:
         try:
             return RunEntry(run_dir, run_dir.name, "?", f"unreadable: {err}", run_dir.stat().st_mtime, 0, 0)

@@ -1,4 +1,4 @@
-"""The three screens (live run, tune sweep, runs browser) and the prompt used to start a job.
+"""The screens (live run, its GPUs and ranks, tune sweep, runs browser) and the prompt used to start a job.
 
 Each screen polls the run store from a worker thread and hands the result back to the UI thread; the
 screens never touch an engine or a training process, only the stores they write.
@@ -21,8 +21,9 @@ from textual.widgets import DataTable, Footer, Header, Input, Label, Static
 from offloadlab.results.status import Status
 
 from . import processes
+from .ranks import RanksReader, RanksView
 from .reader import WINDOWS_S, ReaderError, RunReader, RunView, TuneView, find_runs, latest, read_tune, when
-from .widgets import CompareTable, RunHeader, StrategyPanel, TuneHeatmap, top_points_table
+from .widgets import CompareTable, GpuTable, RankTable, RunHeader, StrategyPanel, TuneHeatmap, top_points_table
 
 
 class PollingScreen(Screen):
@@ -185,6 +186,44 @@ class DashboardScreen(PollingScreen):
 
     def on_descendant_blur(self) -> None:
         self._collapse()
+
+
+class RanksScreen(PollingScreen):
+    """The followed run's running strategy as nvitop shows a machine: a row per GPU (utilization and
+    memory bars, PCIe, power) and a row per rank as a process (PID, RSS, CPU)."""
+
+    _reader: RanksReader | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="ranks-title")
+        yield Static(id="message")
+        yield Label("GPUs (each one's newest sample)", classes="section")
+        yield GpuTable(id="gpus")
+        yield Label("ranks (processes; CPU: 100% a core, of the cores each is bound to)", classes="section")
+        yield RankTable(id="ranks")
+        yield Footer()
+
+    def read(self) -> RanksView | None:
+        target = self.app.pinned_run or latest(self.app.root, "run")
+        if target is None:
+            return None
+        if self._reader is None or self._reader.run_dir != target:
+            self._reader = RanksReader(target)
+        return self._reader.read()
+
+    def nothing_yet(self) -> str:
+        return f"no strategy has started under {self.app.root} yet: its GPUs and ranks show here once one does"
+
+    async def show(self, result: RanksView) -> None:
+        self.query_one("#ranks-title", Static).update(
+            Text.assemble((result.strategy, "bold"), f" ({result.status.label})  {result.run_dir}")
+        )
+        self.query_one(GpuTable).show(result)
+        self.query_one(GpuTable).display = bool(result.gpus)
+        if not result.gpus:
+            self.say(result.gpu_note or "no GPU samples yet")
+        self.query_one(RankTable).show(result)
 
 
 class TuneScreen(PollingScreen):

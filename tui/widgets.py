@@ -1,4 +1,5 @@
-"""Small widgets: one metric's sparkline, one strategy's panel, the comparison table, the tune heatmap."""
+"""Small widgets: one metric's sparkline, one strategy's panel, the comparison table, the tune heatmap, the
+GPU and rank tables."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from offloadlab.results.tables import (
     stalls,
 )
 
+from .ranks import RanksView
 from .reader import WINDOW_STEPS, RunView, Series, StrategyView, TuneView
 
 
@@ -375,3 +377,70 @@ def top_points_table(table: DataTable, view: TuneView, count: int = 8) -> None:
             str(p.repeats),
             p.stage,
         )
+
+
+def usage_bar(used: float | None, capacity: float | None, width: int = 8) -> Text:
+    """A bar and its percentage, green to 50%, yellow to 80%, red above (btop's and nvitop's thresholds
+    read the same way: red is where a GPU runs out of memory or a core is saturated)."""
+    if used is None or not capacity:
+        return Text("-")
+    fraction = min(max(used / capacity, 0.0), 1.0)
+    style = "green" if fraction < 0.5 else "yellow" if fraction < 0.8 else "red"
+    filled = round(fraction * width)
+    return Text.assemble(("█" * filled, style), ("░" * (width - filled), "dim"), f" {fraction:4.0%}")
+
+
+class GpuTable(DataTable):
+    """One row per GPU: its newest sample (the sampler's NVML fields)."""
+
+    COLUMNS = ("GPU", "util", "memory", "used of GPU", "PCIe tx/rx", "power", "temp")
+
+    def on_mount(self) -> None:
+        self.add_columns(*self.COLUMNS)
+
+    def show(self, view: RanksView) -> None:
+        self.clear()
+        for gpu in view.gpus:
+            f = gpu.fields
+            used = f.get("mem_used(B)")
+            self.add_row(
+                str(gpu.index),
+                usage_bar(f.get("util(%)"), 100.0),
+                usage_bar(used, gpu.memory_total_bytes),
+                _used_of(used, gpu.memory_total_bytes),
+                f"{f.get('pcie_tx(B/s)', 0.0) / 1e9:.2f}/{_rate(f.get('pcie_rx(B/s)', 0.0))}",
+                fmt_or_dash(f.get("power(W)"), "{:.0f} W"),
+                fmt_or_dash(f.get("temp(C)"), "{:.0f} C"),
+            )
+
+
+def _used_of(used: float | None, total: int | None) -> str:
+    """ "30.0/80.0 GiB": both in the unit of the total, so the pair reads at a glance."""
+    if used is None or not total:
+        return human_bytes(used)
+    value, unit = human_bytes(total).split()
+    return f"{used * float(value) / total:.1f}/{value} {unit}"
+
+
+class RankTable(DataTable):
+    """One row per rank, as a process: where it runs, its memory and its CPU (100% a core)."""
+
+    COLUMNS = ("rank", "PID", "state", "device", "RSS", "CPU", "cores")
+
+    def on_mount(self) -> None:
+        self.add_columns(*self.COLUMNS)
+
+    def show(self, view: RanksView) -> None:
+        self.clear()
+        for row in view.ranks:
+            p = row.process
+            cores = len(p.cpu_cores)
+            self.add_row(
+                str(row.rank),
+                str(p.pid),
+                Text(row.state, "green" if row.state == "running" else "dim"),
+                p.device,
+                human_bytes(row.rss_bytes) if row.rss_bytes is not None else "-",
+                usage_bar(row.cpu_percent, 100.0 * cores),
+                str(cores) if cores else "-",
+            )

@@ -38,6 +38,20 @@ def flops_per_token(n_params: int, n_layers: int, d_model: int, seq_len: int) ->
 
 
 MODEL_FACTS_EVENT = "model"
+RANK_PROCESS_EVENT = "rank_process"
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """Where one rank runs, recorded by the rank as it starts: what the TUI's ranks view looks up."""
+
+    pid: int
+    host: str
+    local_rank: int
+    device: str
+    """torch's name for the rank's device: "cuda:1", or "cpu"."""
+    cpu_cores: tuple[int, ...]
+    """The CPU ids the rank is bound to."""
 
 
 @dataclass(frozen=True)

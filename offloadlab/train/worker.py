@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import threading
 import time
 import tomllib
@@ -29,7 +30,7 @@ import torch
 from offloadlab.engines import engine_for
 from offloadlab.engines.base import Engine, build_engine
 from offloadlab.engines.dist import DistContext, end_rank
-from offloadlab.results.figures import MODEL_FACTS_EVENT, ModelFacts
+from offloadlab.results.figures import MODEL_FACTS_EVENT, RANK_PROCESS_EVENT, ModelFacts, RankProcess
 from offloadlab.results.rundir import RunDir, is_disk_full
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore
@@ -109,6 +110,13 @@ def record_model_facts(store: RunStore, strategy_id: int, spec: RunSpec, engine,
     )
     now = time.time()
     store.add_events(strategy_id, 0, [(None, MODEL_FACTS_EVENT, now, now, json.dumps(asdict(facts)))])
+
+
+def record_rank_process(store: RunStore, strategy_id: int, ctx) -> None:
+    cores = tuple(sorted(os.sched_getaffinity(0)))
+    rank = RankProcess(os.getpid(), socket.gethostname(), ctx.local_rank, str(ctx.device), cores)
+    now = time.time()
+    store.add_events(strategy_id, ctx.rank, [(None, RANK_PROCESS_EVENT, now, now, json.dumps(asdict(rank)))])
 
 
 def _train(spec, strategy, ctx, budget, store, strategy_id, run_dir, nvme_dir) -> None:
@@ -201,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     # Before any engine is built: DeepSpeed binds torch.distributed's functions when it starts, and its
     # swappers make their aio handles.
     CommMeter.install()
+    record_rank_process(store, strategy_id, ctx)
     if strategy.uses_nvme:
         SwapMeter.install()
     try:
