@@ -140,3 +140,34 @@ def test_the_planners_activation_bytes_are_what_a_real_layer_saves(family, seq_l
     planned = Shape.of_hf(config, seq_len, micro_batch=2, grad_accum=1, precision="bf16")
     measured = saved_by_first_layer_per_token(config, seq_len)
     assert planned.block_activation_bytes_per_token == pytest.approx(measured, rel=0.05)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_with_activation_checkpointing_the_planner_counts_what_each_layer_keeps(family):
+    """transformers' own checkpointing, as a run turns it on: each further layer keeps its input only,
+    whatever the family; the planner's checkpointed activations grow by exactly that a layer."""
+    import torch
+
+    from offloadlab.plan.accounting import Shape, activation_bytes
+    from offloadlab.plan.activations import _with_layers
+    from offloadlab.workload.hf import HFCausalLM, causal_lm_class
+
+    def saved(config) -> int:
+        torch.manual_seed(0)
+        model = HFCausalLM(causal_lm_class(config), config).to(torch.bfloat16)
+        model.activation_checkpointing = True
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        storages: dict[int, int] = {}
+
+        def pack(tensor):
+            if tensor.untyped_storage().data_ptr() not in params:
+                storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(torch.randint(0, config.vocab_size, (2, 64)))
+        return sum(storages.values())
+
+    one, two = (_with_layers(widened(family), n) for n in (1, 2))
+    planned = [activation_bytes(Shape.of_hf(c, 64, 2, 1, "bf16"), checkpointing=True) for c in (one, two)]
+    assert planned[1] - planned[0] == saved(two) - saved(one) > 0
