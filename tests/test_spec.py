@@ -65,8 +65,20 @@ def test_unknown_preset_lists_the_presets(tmp_path):
     spec = write_spec(tmp_path, [dict(name="a", engine="fsdp2")], model=dict(preset="gpt-9t"))
     proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
     assert proc.returncode == 2
-    assert "model.preset 'gpt-9t' is unknown; presets: tiny" in proc.stderr
+    assert "model.preset 'gpt-9t' is unknown: did you mean 'gpt-70b'? presets: tiny" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"), [("gpt-1.3b", "gpt-1.4b"), ("gpt-7b", "gpt-6.7b"), ("gpt-13", "gpt-13b"), ("tinny", "tiny")]
+)
+def test_a_mistyped_preset_is_answered_with_the_nearest_one(typed, meant):
+    """By size where the name gives one (spelling alone takes gpt-1.3b for gpt-13b), else by spelling."""
+    from offloadlab.spec import ModelSpec
+    from offloadlab.workload.model import gpt_config
+
+    with pytest.raises(SpecError, match=f"did you mean '{meant}'"):
+        gpt_config(ModelSpec(preset=typed), 64)
 
 
 @pytest.mark.slow

@@ -9,7 +9,9 @@ weights whether or not the model is built under zero.Init.
 from __future__ import annotations
 
 import bisect
+import difflib
 import math
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -158,11 +160,28 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+def _size(name: str) -> float | None:
+    """The parameters a name like "gpt-1.3b" or "gpt-350m" says."""
+    match = re.fullmatch(r"gpt-(\d+(?:\.\d+)?)([mb])", name.lower())
+    return float(match[1]) * (1e9 if match[2] == "b" else 1e6) if match else None
+
+
+def _nearest_preset(name: str) -> str | None:
+    """By size for a sized name (gpt-1.3b: gpt-1.4b, where spelling alone says gpt-13b), else by spelling."""
+    wanted = _size(name)
+    sized = {p: _size(p) for p in PRESETS if _size(p)}
+    if wanted:
+        return min(sized, key=lambda p: abs(math.log(sized[p] / wanted)))
+    return next(iter(difflib.get_close_matches(name, PRESETS, n=1)), None)
+
+
 def gpt_config(spec: ModelSpec, seq_len: int) -> GPTConfig:
     """The GPT shape for a spec: a preset with any explicit fields overriding it."""
     base = PRESETS.get(spec.preset) if spec.preset else None
     if spec.preset and base is None:
-        raise SpecError(f"model.preset {spec.preset!r} is unknown; presets: {', '.join(PRESETS)}")
+        nearest = _nearest_preset(spec.preset)
+        hint = f"did you mean {nearest!r}? " if nearest else ""
+        raise SpecError(f"model.preset {spec.preset!r} is unknown: {hint}presets: {', '.join(PRESETS)}")
     fields = {k: getattr(spec, k) for k in ("d_model", "n_layers", "n_heads", "vocab_size") if getattr(spec, k)}
     merged = {**(base.__dict__ if base else {}), **fields, "max_seq_len": seq_len}
     cfg = GPTConfig(**merged)
