@@ -207,9 +207,17 @@ def run(
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def compare(run_dir: Path, as_json: bool) -> None:
-    """Print a finished or running run's strategies side by side."""
-    from offloadlab.results.tables import compare_table
+    """Print a finished or running run's strategies side by side (given a folder of runs, list them)."""
+    from offloadlab.results.store import DB_NAME
+    from offloadlab.results.tables import compare_table, list_runs, runs_table
 
+    runs = [] if (run_dir / DB_NAME).exists() else list_runs(run_dir)
+    if runs:
+        if as_json:
+            click.echo(json.dumps([{**dataclasses.asdict(r), "path": str(r.path)} for r in runs], indent=2))
+        else:
+            console.print(runs_table(run_dir, runs), width=_table_width())
+        return
     summaries, state = _read_run(run_dir)
     if as_json:
         click.echo(json.dumps([s.as_dict() for s in summaries], indent=2))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import pickle
 import resource
@@ -396,16 +397,26 @@ def test_broken_stores_give_one_line_and_are_not_written(tmp_path, world1, conte
 
 
 def test_a_folder_of_runs_is_answered_with_the_runs_in_it(tmp_path, world1):
-    """`compare runs/` (the default --out's parent) said "not an offloadlab run directory"."""
+    """`compare runs/` (the default --out's parent) said "not an offloadlab run directory": it lists them,
+    newest first, an unreadable one with why; `report` names them."""
     runs = tmp_path / "runs"
     for name in ("older", "newer"):
         shutil.copytree(world1, runs / name)
         os.utime(runs / name / DB_NAME, (1e9, 1e9) if name == "older" else None)
-    for verb in ("compare", "report"):
-        proc = cli(verb, str(runs), check=False)
-        assert proc.returncode == 2, proc.stdout + proc.stderr
-        assert f"{runs} is a folder of 2 runs (newer, older): pass one, e.g. {runs / 'newer'}" in flat(proc.stderr)
-    assert sorted(p.name for p in runs.iterdir()) == ["newer", "older"]
+    (runs / "junk").mkdir()
+    (runs / "junk" / DB_NAME).write_bytes(b"not sqlite" * 100)
+    os.utime(runs / "junk" / DB_NAME, (1e8, 1e8))
+    listed = json.loads(cli("compare", str(runs), "--json").stdout)
+    assert [(r["path"], r["status"], r["strategies_done"]) for r in listed[:2]] == [
+        (str(runs / "newer"), "done", 4),
+        (str(runs / "older"), "done", 4),
+    ]
+    assert listed[2]["status"].startswith("unreadable: ") and listed[2]["strategies_total"] == 0
+    assert "3 runs in" in cli("compare", str(runs)).stdout
+    proc = cli("report", str(runs), check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{runs} is a folder of 3 runs (newer, older, junk): pass one, e.g. {runs / 'newer'}" in flat(proc.stderr)
+    assert sorted(p.name for p in runs.iterdir()) == ["junk", "newer", "older"]
 
 
 def test_reading_a_finished_store_creates_nothing_beside_it(world1, tmp_path):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,4 +257,48 @@ def _table(
         captions.append(f"GPU memory budget {human_bytes(budget)} a rank: GPU shares are of it")
     if captions:
         table.caption = Text("; ".join(captions))
+    return table
+
+
+@dataclass(frozen=True)
+class RunListed:
+    """One run of a folder of runs, as `compare FOLDER` lists it."""
+
+    path: Path
+    name: str
+    status: str
+    created_at: float
+    strategies_done: int
+    strategies_total: int
+
+
+def list_runs(folder: Path) -> list[RunListed]:
+    """The runs directly in folder, newest first; a store that cannot be read is listed with why."""
+    from offloadlab.results.store import RunStore, StoreError, runs_in
+
+    listed = []
+    for path in runs_in(folder):
+        try:
+            store = RunStore(path)
+            try:
+                run = store.run()
+                rows = store.strategies(run["id"])
+                done = sum(Status(r["status"]).finished for r in rows)
+                listed.append(
+                    RunListed(path, run["name"], str(store.run_status()), run["created_at"], done, len(rows))
+                )
+            finally:
+                store.close()
+        except (StoreError, LookupError, sqlite3.DatabaseError) as err:
+            listed.append(RunListed(path, "?", f"unreadable: {err}", path.stat().st_mtime, 0, 0))
+    return listed
+
+
+def runs_table(folder: Path, runs: list[RunListed]) -> Table:
+    table = Table(title=f"{len(runs)} runs in {folder}", caption="offloadlab compare RUN for one", box=box.SIMPLE)
+    for column in ("run", "name", "status", "started (UTC)", "strategies done"):
+        table.add_column(column, no_wrap=column != "status", overflow="fold")
+    for r in runs:
+        started = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.created_at))
+        table.add_row(r.path.name, r.name, r.status, started, f"{r.strategies_done}/{r.strategies_total}")
     return table
