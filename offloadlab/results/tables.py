@@ -295,7 +295,8 @@ def list_runs(folder: Path) -> list[RunListed]:
 
 
 def runs_table(folder: Path, runs: list[RunListed]) -> Table:
-    table = Table(title=f"{len(runs)} runs in {folder}", caption="offloadlab compare RUN for one", box=box.SIMPLE)
+    title = f"{len(runs)} run{'' if len(runs) == 1 else 's'} in {folder}"
+    table = Table(title=title, caption="offloadlab compare RUN for one", box=box.SIMPLE)
     for column in ("run", "name", "status", "started (UTC)", "strategies done"):
         table.add_column(column, no_wrap=column != "status", overflow="fold")
     for r in runs:
