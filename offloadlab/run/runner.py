@@ -40,6 +40,7 @@ from rich.progress import (
 from offloadlab.checks.host import PINNED_EXACT_ABOVE, sets_pinned_exact
 from offloadlab.engines import engine_for
 from offloadlab.engines.ops import announce_on, ensure_built
+from offloadlab.results.figures import MODEL_FACTS_EVENT, RANK_PROCESS_EVENT
 from offloadlab.results.rundir import RunDir, RunDirError, is_disk_full, signals_ignored
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore, StoreError, is_run_store
@@ -181,6 +182,8 @@ class StrategyJob:
     proc: subprocess.Popen | None = None
     created: list[Path] = field(default_factory=list)
     steps_printed: int = 0
+    phase: str | None = None
+    """What the progress line says the strategy is doing, until its steps speak for it."""
 
 
 class Runner:
@@ -219,7 +222,10 @@ class Runner:
         return StrategyJob(strategy.name, strategy_id, nvme_dir, self.run_dir.log(strategy.name))
 
     def say(self, message: str) -> None:
-        """Print, unless the terminal is gone (a SIGHUP): cleanup must not stop at a failed write."""
+        """Print, unless the terminal is gone (a SIGHUP): cleanup must not stop at a failed write. Into a
+        file or a pipe each line carries the time, as a log's would."""
+        if not self.console.is_terminal:
+            message = f"{time.strftime('%H:%M:%S')} {message}"
         with contextlib.suppress(OSError):
             self.console.print(message)
 
@@ -233,8 +239,13 @@ class Runner:
                 TimeRemainingColumn(),
                 console=self.console,
             ) as progress:
-                for job in self.jobs:
-                    self._run_strategy(job, progress)
+                # Every strategy listed from the start; a pending one's clock starts when it does.
+                tasks = [
+                    progress.add_task(f"{job.name:<18} (pending)", total=self.spec.steps, start=False)
+                    for job in self.jobs
+                ]
+                for number, (job, task) in enumerate(zip(self.jobs, tasks), start=1):
+                    self._run_strategy(job, progress, task, f"{number} of {len(self.jobs)}")
             self.store.set_run_status(self.run_id, Status.DONE)
             self.run_dir.tokens_cache.unlink(missing_ok=True)
             self.run_dir.release_space()
@@ -277,8 +288,11 @@ class Runner:
             self.store.set_run_status(self.run_id, Status.INTERRUPTED)
         return left
 
-    def _run_strategy(self, job: StrategyJob, progress: Progress) -> None:
-        task = progress.add_task(f"{job.name:<18}", total=self.spec.steps)
+    def _run_strategy(self, job: StrategyJob, progress: Progress, task, which: str) -> None:
+        progress.start_task(task)
+        began = time.monotonic()
+        if not self.console.is_terminal:
+            self.say(f"{job.name}: started ({which})")
         self.store.set_strategy_status(job.strategy_id, Status.RUNNING)
         if job.nvme_dir is not None:
             self.store.record_created(self.run_id, job.nvme_dir, self.swap_secret)
@@ -313,6 +327,8 @@ class Runner:
         status = Status(row["status"])
         progress.update(task, description=f"{job.name:<18} [{status.style}]{status.label}[/]")
         progress.stop_task(task)  # its clock stops with it, done or failed
+        if not self.console.is_terminal:
+            self.say(f"{job.name}: {status.label} after {int(time.monotonic() - began)} s")
         if row["reason"]:
             self.say(f"  {job.name}: {status.label}: {escape(row['reason'])} (log: {escape(str(job.log))})")
 
@@ -357,7 +373,13 @@ class Runner:
             )
             while job.proc.poll() is None:
                 if task is not None:
-                    progress.update(task, completed=self.store.steps_trained(job.strategy_id))
+                    trained = self.store.steps_trained(job.strategy_id)
+                    progress.update(task, completed=trained)
+                    if not trained:
+                        self._stage(progress, task, job, self._starting_phase(job))
+                    elif job.phase is not None:
+                        job.phase = None
+                        progress.update(task, description=f"{job.name:<18}")
                     self._print_new_steps(job)
                 time.sleep(0.3)
         if task is not None:
@@ -367,9 +389,21 @@ class Runner:
         return rc
 
     def _stage(self, progress: Progress, task, job: StrategyJob, what: str) -> None:
+        if what == job.phase:
+            return
+        job.phase = what
         progress.update(task, description=f"{job.name:<18} ({what})")
         if not self.console.is_terminal:
             self.say(f"{job.name}: {what}")
+
+    def _starting_phase(self, job: StrategyJob) -> str:
+        """Where a strategy's start is, from what its ranks have recorded: each records its process as it
+        starts, and rank 0 the model's facts once its engine is built."""
+        if not self.store.events(job.strategy_id, RANK_PROCESS_EVENT):
+            return "starting ranks"
+        if not self.store.events(job.strategy_id, MODEL_FACTS_EVENT):
+            return "loading weights, building the engine" if self.spec.model.hf_model else "building the engine"
+        return "first step"
 
     def _print_new_steps(self, job: StrategyJob) -> None:
         """Where stdout is a file or a pipe the progress bars draw nothing until the end: a plain line a
