@@ -4,6 +4,7 @@ DeepSpeed's CPU Adam), and the step figures that judge them: throughput, spread,
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 
 import numpy as np
@@ -187,11 +188,20 @@ def test_deepspeeds_cpu_adam_on_two_fsdp2_ranks_matches_torchs(tmp_path):
     losses = {row["name"]: [r.loss for r in store.steps(row["id"])] for row in store.strategies(store.run()["id"])}
     assert losses["fsdp2-cpu-dsadam"] == pytest.approx(losses["fsdp2-cpu"], rel=1e-5)
     assert all(s.checkpoint_verified for s in summarize(store))
-    # Not a terminal (captured): a plain line a step, and one for the checkpoint check.
-    for name in ("fsdp2-cpu", "fsdp2-cpu-dsadam"):
-        for step, loss in enumerate(losses[name], start=1):
-            assert f"{name} step {step}/3 loss {loss:.4f} " in printed
-        assert f"{name}: verifying checkpoint" in printed
+    # Not a terminal (captured): timestamped lines, a strategy's start, its phases in order, a line a step,
+    # the checkpoint check, its end.
+    lines = [line[9:] for line in printed.splitlines() if re.match(r"\d\d:\d\d:\d\d ", line)]
+    phases = ["starting ranks", "building the engine", "first step"]
+    for name, which in (("fsdp2-cpu", "1 of 2"), ("fsdp2-cpu-dsadam", "2 of 2")):
+        own = [line for line in lines if line.startswith((f"{name}:", f"{name} step"))]
+        steps = [f"{name} step {step}/3 loss {loss:.4f} " for step, loss in enumerate(losses[name], start=1)]
+        first = next(i for i, line in enumerate(own) if line.startswith(f"{name} step"))
+        assert own[:2] == [f"{name}: started ({which})", f"{name}: starting ranks"], own
+        seen = [line.removeprefix(f"{name}: ") for line in own[1:first]]
+        assert seen == [p for p in phases if p in seen], own  # those a poll saw, in order
+        assert [line[: len(step)] for line, step in zip(own[first:], steps)] == steps, own
+        checks = [f"{name}: verifying checkpoint", f"{name}: restoring at world size 1"]  # two ranks, then one
+        assert own[first + 3 : -1] == checks and re.fullmatch(rf"{name}: done after \d+ s", own[-1]), own
 
 
 @pytest.mark.slow
