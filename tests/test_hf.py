@@ -178,7 +178,7 @@ def test_other_families_load_their_weights_or_start_alike_from_random_ones(tmp_p
     for source in ("hf_model", "hf_config"):
         (tmp_path / source).mkdir()
         model = {source: str(folder), "activation_checkpointing": True}  # through ZeRO-3 and FSDP2 too
-        spec = write_spec(tmp_path / source, strategies, **BATCH, model=model)
+        spec = write_spec(tmp_path / source, strategies, **BATCH, model=model, verify_checkpoint=False)
         cli("run", str(spec), "--out", str(tmp_path / source / "run"))
         losses = first_losses(tmp_path / source / "run")
         assert losses["zero3-cpu"] == pytest.approx(losses["fsdp2"], rel=1e-4), (source, losses)

@@ -92,6 +92,7 @@ def test_too_few_parameter_swap_buffers_are_refused_before_deepspeed_would_stop_
         folder = tmp_path / f"buffers-{buffers}"
         folder.mkdir(exist_ok=True)
         overrides = dict(steps=3, seq_len=64, model=dict(preset="small-cpu"), nvme_path=str(tmp_path))
+        overrides.update(verify_checkpoint=False)
         return write_spec(folder, [SWAPPED_PARAMS | {"buffer_count": buffers}], **overrides)
 
     spec = load_spec(spec_with(1))
