@@ -278,7 +278,7 @@ def test_a_live_run_started_from_the_tui_shows_progress_and_failure_and_outlives
                 return [str(c) for c in ranks.get_row_at(0)] if ranks.row_count else []
 
             await wait_until(pilot, lambda: rank0()[:3] == ["0", str(worker.pid), "running"] and rank0()[5] != "-")
-            assert rank0()[3] == "cpu" and rank0()[4].endswith("MiB")
+            assert rank0()[3] == "cpu" and re.fullmatch(r"[\d.]+ (MiB|GiB)", rank0()[4]), rank0()
             await go(pilot, "d", DashboardScreen)
             header = app.screen.query_one("#run-header")
             await wait_until(pilot, lambda: "now: victim step" in text_of(header))
@@ -727,7 +727,8 @@ def test_the_gpus_and_ranks_view_shows_each_gpus_newest_sample_and_each_rank_as_
             assert gpu1[2].endswith("88%") and gpu1[3] == "70.0/80.0 GiB"
             assert gpu1[4].startswith("3.00/")
             here, there = ([str(c) for c in ranks.get_row_at(i)] for i in (0, 1))
-            assert here[:4] == ["0", str(os.getpid()), "running", "cuda:0"] and here[4].endswith("MiB")
+            assert here[:4] == ["0", str(os.getpid()), "running", "cuda:0"]
+            assert re.fullmatch(r"[\d.]+ (MiB|GiB)", here[4]), here
             assert there[:3] == ["1", "4242", "on elsewhere"] and there[4] == "-"
             await wait_until(pilot, lambda: str(ranks.get_row_at(0)[5]) != "-")  # CPU from the second look on
 
