@@ -137,6 +137,25 @@ def test_the_binding_constraint_is_named_and_offload_rescues_a_model_the_gpu_can
     assert not nvme.fits and nvme.binding.startswith("NVMe space: ")
 
 
+def test_nothing_fits_ends_with_what_would_make_the_nearest_placement_fit():
+    """The nearest placement is the one fewest GiB short; the memory it names is what makes it fit."""
+    import re
+
+    shape = _shape("gpt-6.7b")
+    machine = Machine(gpus=1, gpu_mem_bytes=24 * GiB, host_mem_bytes=48 * GiB, nvme_free_bytes=None)
+    ranked = plan(shape, machine, LINKS)
+    assert not any(x.fits for x in ranked)
+    said = why_winner(ranked)
+    name, gib, what = re.search(
+        r"Nearest to fitting: (\S+), with ([\d.]+) GiB more (host RAM|GPU memory|NVMe space)", said
+    ).groups()
+    assert "plan --largest" in said
+    nearest = next(x for x in ranked if x.placement.name == name)
+    assert sum(nearest.short_bytes) == min(sum(x.short_bytes) for x in ranked)
+    grown = dataclasses.replace(machine, host_mem_bytes=machine.host_mem_bytes + (float(gib) + 0.1) * GiB)
+    assert what == "host RAM" and predict(nearest.placement, shape, grown, LINKS).fits
+
+
 def test_an_nvme_placement_does_not_fit_without_an_nvme_folder_even_with_nothing_to_swap():
     """The tiny GPT's parameters all stay resident under ZeRO-3's persistence threshold, so nothing of
     zero3-opt-cpu-param-nvme goes to NVMe; DeepSpeed still makes its swapper, which needs a folder. The plan

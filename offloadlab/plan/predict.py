@@ -107,6 +107,8 @@ class Prediction:
     """The tightest constraint's need over what it has: at most 1 where the placement fits."""
     constraints: tuple[str, ...]
     """The names of those in `binding`, the worst first: "GPU memory", "host RAM", "NVMe space"."""
+    short_bytes: tuple[float, ...] = ()
+    """For each of `constraints` where the placement does not fit: the bytes more it would need."""
 
     @property
     def binds(self) -> str:
@@ -170,7 +172,8 @@ def predict(
     binding = "; ".join(_usage(k, constraints[k][0], machine) for k in broken)
     usable_links = links is not None and (links.nvme_read or not p.strategy.uses_nvme)
     step = predict_step(p, shape, world, links) if usable_links else None
-    return Prediction(p, m, fits, binding, step, use[tightest[0]], tuple(broken))
+    short = () if fits else tuple(constraints[k][0] - constraints[k][1] for k in broken)
+    return Prediction(p, m, fits, binding, step, use[tightest[0]], tuple(broken), short)
 
 
 def plan(
@@ -224,7 +227,9 @@ def why_winner(predictions: list[Prediction]) -> str:
     feasible = [x for x in predictions if x.fits and x.step]
     if not feasible:
         tight = min(predictions, key=lambda x: x.memory.gpu_bytes)
-        return f"nothing fits: the smallest placement, {tight.placement.name}, needs {tight.binding}"
+        return f"nothing fits: the smallest placement, {tight.placement.name}, needs {tight.binding}. " + _nearest(
+            predictions
+        )
     win = feasible[0]
     text = (
         f"{win.placement.name} wins: it fits ({win.binding}) and its predicted step is {win.step.seconds:.3g} s, "
@@ -239,6 +244,19 @@ def why_winner(predictions: list[Prediction]) -> str:
     if faster_unfit:
         text += "; faster but not fitting: " + ", ".join(f"{x.placement.name} ({x.binding})" for x in faster_unfit[:3])
     return text
+
+
+def _nearest(predictions: list[Prediction]) -> str:
+    """What would make the placement nearest to fitting fit (the fewest GiB short), or a smaller model."""
+    nearest = min(predictions, key=lambda x: sum(x.short_bytes))
+    more = [
+        f"{short / GiB:.1f} GiB more {name}" + (" (--nvme on a drive with room)" if name == "NVMe space" else "")
+        for name, short in zip(nearest.constraints, nearest.short_bytes)
+    ]
+    return (
+        f"Nearest to fitting: {nearest.placement.name}, with {' and '.join(more)}; or a smaller model "
+        "(offloadlab plan --largest names the largest GPT that fits)"
+    )
 
 
 def largest_model(
