@@ -83,10 +83,16 @@ def with_layers(spec: RunSpec, n_layers: int) -> RunSpec:
     return spec.model_copy(update={"model": spec.model.model_copy(update={"n_layers": n_layers})})
 
 
-def grid_cells(spec: RunSpec, machine: Machine, links: Links, around: int, count: int) -> list[Cell]:
-    """The plan for each cell: sizes by layer count around the spec's, the same placements at each."""
+def grid_cells(
+    spec: RunSpec, machine: Machine, links: Links, around: int, count: int, among: set[str] | None = None
+) -> list[Cell]:
+    """The plan for each cell: sizes by layer count around the spec's, the same placements at each. among:
+    the placement names to choose from (a grid already begun keeps its own, whatever the planner adds)."""
     shape = shape_of_spec(spec)
-    placements = closest_placements(plan(shape, machine, links, buffers_for(shape)), count)
+    predictions = [
+        x for x in plan(shape, machine, links, buffers_for(shape)) if not among or x.placement.name in among
+    ]
+    placements = closest_placements(predictions, count)
     cells = []
     for n_layers in range(spec.model.n_layers - around, spec.model.n_layers + around + 1):
         sized = shape_of_spec(with_layers(spec, n_layers))
@@ -136,6 +142,14 @@ def read_run(cell: Cell, out: Path) -> None:
     cell.outcome = f"trained {summary.steps_done} steps" if summary.status is Status.DONE else summary.reason or ""
     peaks = (summary.peak_allocated_bytes, summary.peak_reserved_bytes, summary.host_rss_peak_bytes)
     cell.gpu_allocated_gib, cell.gpu_reserved_gib, cell.host_rss_gib = (x / GiB if x else None for x in peaks)
+
+
+def placements_begun(out: Path) -> set[str] | None:
+    """The placements of the grid in `out`, if one was begun there."""
+    grid_json = out / "grid.json"
+    if not grid_json.exists():
+        return None
+    return {r["placement"] for r in json.loads(grid_json.read_text())["cells"]}
 
 
 def resume(cells: list[Cell], out: Path, gpu_mem: float) -> None:
@@ -235,7 +249,7 @@ def main() -> None:
     planned = json.loads(args.plan.read_text())
     machine, links = Machine(**planned["machine"]), Links(**planned["links"])
     spec = load_spec(args.spec)
-    cells = grid_cells(spec, machine, links, args.around, args.placements)
+    cells = grid_cells(spec, machine, links, args.around, args.placements, placements_begun(args.out))
     console = Console()
     resume(cells, args.out, args.gpu_mem)
     if not args.dry_run:

@@ -334,6 +334,8 @@ def autotune(spec_path: Path, budget: str, steps: int, only: str | None, out: Pa
         console.print(Text(f"not tried within the budget: {', '.join(c.name for c in outcome.search.not_tried)}"))
     for what, files in outcome.written.items():
         console.print(Text(f"{what}: {', '.join(str(f) for f in files)}"))
+    if not outcome.written and not (outcome.search.screened or outcome.search.confirmed):
+        _fail("the budget ran out before the first trial: planning and building took it; give a longer --budget", 1)
     if not outcome.written:
         _fail(f"no configuration finished its steps: see the trials' logs under {out}", code=1)
 

@@ -219,12 +219,14 @@ def grid_on_the_h200(folder: Path, gpu_mem: int):
 
 
 def judged_again(folder: Path, gpu_mem: int) -> list:
-    """The grid's cells as the planner makes them now, each with the outcome its run had on the machine."""
+    """The grid's cells as the planner makes them now, each with the outcome its run had on the machine.
+    The grid keeps its own placements, whatever the planner has added since (FSDP2's `-kept`)."""
     grid = load_bench("budget_grid")
-    cells = grid.grid_cells(*grid_on_the_h200(folder, gpu_mem), around=1, count=3)
+    cells = grid.grid_cells(*grid_on_the_h200(folder, gpu_mem), 1, 3, grid.placements_begun(folder))
     ran = json.loads((folder / "grid.json").read_text())
     assert ran["gpu_mem_gib"] == gpu_mem
     outcome = {(r["n_layers"], r["placement"]): r["status"] for r in ran["cells"]}
+    assert {(c.n_layers, c.planned.placement.name) for c in cells} == set(outcome)
     for c in cells:
         c.status = outcome[(c.n_layers, c.planned.placement.name)]
     return cells

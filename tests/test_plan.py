@@ -393,6 +393,25 @@ def test_a_partial_offload_moves_whole_sub_groups_and_the_gpu_updates_its_share_
     assert "device_adam" not in full.parts and full.parts["cpu_adam"] > bound.parts["cpu_adam"]
 
 
+def test_fsdp2_offload_keeps_its_blocks_gathered_where_the_gpu_has_room_for_the_whole_model():
+    """reshard_after_forward=False uploads each fp32 shard once a step, not twice (an H100 ran a 1.42B GPT's
+    step in 1.223 s against 1.295), and holds every block gathered from its forward to its backward."""
+    shape = _shape("gpt-1.4b")
+    offload = Placement(FSDP2Strategy(name="o", engine="fsdp2", cpu_offload=True, cpu_optimizer="deepspeed"))
+    (kept,) = engine_for(offload.strategy).placements.partial_offloads(offload, shape, 1, 40 * GiB)
+    assert kept.name == "o-kept" and not kept.strategy.reshard_after_forward
+    assert step_bytes(kept, shape, 1)["pcie_h2d"] == step_bytes(offload, shape, 1)["pcie_h2d"] / 2
+    turn = {x.name: fsdp2.memory(x, shape, 1, None, True).gpu_turn for x in (offload, kept)}
+    assert turn["o-kept"]["gathered model"] == shape.param_bytes * shape.n_params
+    assert "gathered model" not in turn["o"]
+    assert not engine_for(kept.strategy).placements.partial_offloads(kept, shape, 1, 40 * GiB)
+    # The plan offers it beside the placement it varies only where the GPU holds the gathered model.
+    roomy, tight = (Machine(1, gib * GiB, 512 * GiB, 1e13) for gib in (80, 10))
+    names = {machine: {x.placement.name for x in plan(shape, machine, LINKS) if x.fits} for machine in (roomy, tight)}
+    assert "fsdp2-cpu-offload-dsadam-kept" in names[roomy]
+    assert "fsdp2-cpu-offload-dsadam" in names[tight] and "fsdp2-cpu-offload-dsadam-kept" not in names[tight]
+
+
 def test_a_written_placement_swapping_parameters_has_the_buffers_deepspeed_needs(tmp_path):
     """DeepSpeed's default 5 buffers of 1e8 elements stop a 1.42B GPT: its embedding (103M elements) fits
     none, and at the default 1e9 reuse window the forward/backward turn holds 33 parameters (an H200 run

@@ -220,3 +220,27 @@ def test_verify_trains_the_tuned_buffers_and_deepspeed_pins_what_the_tune_planne
     line = next(x for x in proc.stdout.splitlines() if x.startswith("z3: DeepSpeed pinned"))
     pinned, planned = re.findall(r"(\d+\.\d \w+)", line)
     assert pinned == planned and pinned.endswith("MiB"), line
+
+
+def test_deepspeeds_ssd_wear_warning_stays_out_of_plan_and_tune(tmp_path):
+    """DeepSpeed's async_io logs a warning about consumer SSDs on its first write in a process; it landed in
+    the middle of plan's and tune's tables. Each process starts fresh (the warning is once a process): the
+    handle as DeepSpeed makes it warns, offloadlab's measurement does not."""
+    import subprocess
+    import sys
+
+    setup = (
+        "import sys, torch; from pathlib import Path; from offloadlab.engines.ops import load_op; "
+        "from offloadlab.measure.aio_bench import AioBench, DEEPSPEED_DEFAULT; d = Path(sys.argv[1]); "
+    )
+    raw = (
+        "aio = load_op('async_io'); h = aio.aio_handle(1 << 20, 8, False, True, 1); "
+        "b = h.new_cpu_locked_tensor(1 << 20, torch.empty(0, dtype=torch.uint8)); h.sync_pwrite(b, str(d / 'raw'))"
+    )
+    ours = "bench = AioBench(d, 1 << 20); bench.measure(DEEPSPEED_DEFAULT); bench.close()"
+    said = {}
+    for name, code in (("raw", raw), ("ours", ours)):
+        proc = subprocess.run([sys.executable, "-c", setup + code, str(tmp_path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        said[name] = "write endurance" in proc.stdout + proc.stderr
+    assert said == {"raw": True, "ours": False}

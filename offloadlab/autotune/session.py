@@ -35,7 +35,8 @@ class AutotuneOutcome:
 
 def autotune_spec(request: AutotuneRequest, console: Console, report) -> AutotuneOutcome:
     """report(round, trial) after each trial. Bad input is refused before any trial starts."""
-    budget_s = parse_budget(request.budget)
+    # The budget counts from here: the plan's probes and any op build are part of the time a user gave.
+    budget = Budget(parse_budget(request.budget))
     if request.steps < 2:
         raise SpecError("--steps must be at least 2: the first steps of a trial are not counted, and one is no median")
     check_new_folder(request.out)
@@ -45,11 +46,11 @@ def autotune_spec(request: AutotuneRequest, console: Console, report) -> Autotun
         raise SpecError("the plan says nothing fits this machine at this batch: 'offloadlab plan SPEC' shows why")
     console.print(
         f"autotune: {len(candidates)} configurations fit ({inputs.title}); trying them in the plan's order "
-        f"within {budget_s / 60:.0f} min, {request.steps} steps each after the start-up"
+        f"within {budget.seconds / 60:.0f} min, {request.steps} steps each after the start-up"
     )
     ensure_built({op for c in candidates for op in c.prediction.placement.strategy.ops_needed}, announce_on(console))
     request.out.mkdir(parents=True, exist_ok=True)
     log = Console(quiet=True)  # the trials' own run output: their logs and stores keep it
-    search = autotune(inputs.spec, candidates, Budget(budget_s), request.steps, request.out, report, log)
+    search = autotune(inputs.spec, candidates, budget, request.steps, request.out, report, log)
     written = write_winners(search, inputs.spec, request.out)
     return AutotuneOutcome(inputs.spec, search, written, request.out)

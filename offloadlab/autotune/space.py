@@ -5,6 +5,7 @@ that a budget cut short has still tried each placement at its best predicted spl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import zip_longest
 
 from offloadlab.engines import engine_for
 from offloadlab.engines.deepspeed.buffers import buffers_for
@@ -93,10 +94,19 @@ def search_space(inputs: PlanInputs, only: set[str] | None = None) -> list[Candi
 
 
 def tried_first(found: list[Candidate]) -> list[Candidate]:
-    """Each placement's best predicted split first (placements by that prediction), then each one's second
-    best, and so on: the planner ranks placements well and splits less so (its step is a lower bound)."""
+    """Each placement's best predicted split first, then each one's second best, and so on: the planner ranks
+    placements well and splits less so (its step is a lower bound). Within a round, exact and inexact
+    placements take turns, an exact one first: an inexact winner is judged by its loss against an exact
+    trial's, and a short budget then has both picks (ZenFlow's trial alone, first update included, took
+    109 s of a 1.42B GPT's search on an H100, where ZeRO-2's took 43 s)."""
     by_placement: dict[str, list[Candidate]] = {}
     for c in sorted(found, key=lambda c: c.prediction.step.seconds):
         by_placement.setdefault(c.placement_name, []).append(c)
     rounds = max((len(v) for v in by_placement.values()), default=0)
-    return [group[i] for i in range(rounds) for group in by_placement.values() if i < len(group)]
+    order: list[Candidate] = []
+    for i in range(rounds):
+        in_round = [group[i] for group in by_placement.values() if i < len(group)]
+        exact = [c for c in in_round if c.exact]
+        inexact = [c for c in in_round if not c.exact]
+        order += [c for pair in zip_longest(exact, inexact) for c in pair if c is not None]
+    return order

@@ -22,7 +22,7 @@ def export(spec: RunSpec, out_dir: Path, name: str) -> list[str]:
         "fsdp_config:",
         "  fsdp_version: 2",
         f"  fsdp_offload_params: {'true' if strategy.cpu_offload else 'false'}",
-        "  fsdp_reshard_after_forward: true",
+        f"  fsdp_reshard_after_forward: {'true' if strategy.reshard_after_forward else 'false'}",
         "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP",
         "  fsdp_state_dict_type: SHARDED_STATE_DICT",
         f"  fsdp_activation_checkpointing: {'true' if spec.model.activation_checkpointing else 'false'}",

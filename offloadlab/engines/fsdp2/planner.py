@@ -64,7 +64,10 @@ def memory(p: Placement, shape: Shape, world: int, buffers: object | None, on_gp
     # (reshard_after_forward=False on the root) until backward ends. The turn's peak comes before any
     # unsharded gradient exists; a block's appears once its larger activations are freed (H200, 1.42B,
     # CPUOffloadPolicy: 8.79 GiB measured, 8.77 predicted this way).
-    m.add("gpu_turn", "gathered block + root", shape.param_bytes * (shape.block_params + shape.root_params))
+    if p.strategy.reshard_after_forward:
+        m.add("gpu_turn", "gathered block + root", shape.param_bytes * (shape.block_params + shape.root_params))
+    else:  # every block stays gathered from its forward until its backward
+        m.add("gpu_turn", "gathered model", shape.param_bytes * shape.n_params)
     m.host_build_bytes = 4 * shape.n_params  # built in fp32 on the CPU, freed once sharded
     return m
 
@@ -73,7 +76,9 @@ def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
     """Bytes per optimizer step over each link: PCIe (per rank); FSDP2 never touches NVMe."""
     out = {"nvme_read": 0.0, "nvme_write": 0.0, "pcie_h2d": 0.0, "pcie_d2h": 0.0}
     if p.strategy.cpu_offload:
-        out["pcie_h2d"] = 2 * shape.grad_accum * 4 * shape.n_params / world  # fp32 shards up for forward, backward
+        # The fp32 shards go up for forward and again for backward, unless the blocks stay gathered.
+        uploads = 2 if p.strategy.reshard_after_forward else 1
+        out["pcie_h2d"] = uploads * shape.grad_accum * 4 * shape.n_params / world
         out["pcie_d2h"] = (
             4 * shape.n_params / world
         )  # the reduced gradient, once a step (sync on the last micro-batch)
