@@ -254,3 +254,26 @@ def test_the_cpu_is_asked_once_and_its_answer_handed_to_the_ranks():
     asked_keys, simd = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {"arch", "flags"} <= set(asked_keys)
     assert simd == "-D__SCALAR__"
+
+
+def test_the_cpus_answer_is_kept_beside_the_ops_under_the_cpus_identity(tmp_path):
+    """py-cpuinfo takes a second a process (a third of `doctor`): its answer is stored with what it depends
+    on, read back by the next process on the same CPU, and asked again for another CPU or a spoilt file."""
+    cache, asked = tmp_path / ops.CPU_INFO_FILE, []
+
+    def ask() -> dict:
+        asked.append(1)
+        return {"arch": "X86_64", "flags": ["avx2"], "asked": len(asked)}
+
+    def never() -> dict:
+        raise AssertionError("asked again for the same CPU")
+
+    first = ops._cached_cpu_info(cache, ask)
+    assert json.loads(first)["asked"] == 1 and json.loads(cache.read_text())["cpu"] == ops.cpu_identity()
+    assert ops._cached_cpu_info(cache, never) == first
+    assert [p.name for p in tmp_path.iterdir()] == [ops.CPU_INFO_FILE]  # no partial file left
+    cache.write_text(json.dumps({"cpu": "another CPU", "info": {"arch": "ARM_8"}}))
+    assert json.loads(ops._cached_cpu_info(cache, ask))["asked"] == 2
+    cache.write_text("{ spoilt")
+    assert json.loads(ops._cached_cpu_info(cache, ask))["asked"] == 3
+    assert ops._cached_cpu_info(cache, never) == json.dumps(json.loads(cache.read_text())["info"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import CTRL_C_EXIT, STRATEGIES, cli, start_cli, wait_for_worker, write_spec
+from conftest import CTRL_C_EXIT, STRATEGIES, cli, flat, start_cli, wait_for_worker, write_spec
 from offloadlab.results.store import RunStore
 from offloadlab.results.summary import summarize
 
@@ -69,6 +69,11 @@ def test_compare_prints_the_table_and_json(world1):
     table = cli("compare", str(world1)).stdout
     for name in ("zero2-cpu", "zero3-nvme", "fsdp2-cpu-offload", "verified", "p50 / p90", "tokens/s", "stalls"):
         assert name in table
+    # The tiny GPT's optimizer sub-group is under DeepSpeed's smallest swap (1 MiB) and its parameters fit
+    # max_in_cpu: its NVMe strategy moved no bytes, and compare says why rather than showing 0 B alone.
+    nvme = next(s for s in summarize(RunStore(world1)) if s.name == "zero3-nvme")
+    assert nvme.tensors_on_nvme == (0, 0) and not nvme.disk_write_bytes_per_step
+    assert "zero3-nvme swapped nothing: DeepSpeed keeps in RAM any tensor under max(1 MiB" in flat(table)
     rows = json.loads(cli("compare", str(world1), "--json").stdout)
     assert {r["name"] for r in rows} == {s["name"] for s in STRATEGIES}
     assert all(r["median_step_time_s"] > 0 and r["p90_step_time_s"] >= r["median_step_time_s"] for r in rows)

@@ -79,7 +79,8 @@ def op_findings(build: bool, announce=None) -> list[Finding]:
         except (PreflightError, ImportError) as err:
             found.append(Finding(f"op {name}", "does not build or load", False, str(err)))
     folder = ops.build_folders("cpu_adam")[0].parent
-    return found + [Finding("ops folder", str(folder))]
+    shown = folder.relative_to(Path.cwd()) if folder.is_relative_to(Path.cwd()) else folder  # short, pasteable
+    return found + [Finding("ops folder", str(shown))]
 
 
 def libaio() -> Finding:

@@ -99,6 +99,10 @@ class Engine(ABC):
         """Page-locked host bytes held for NVMe swapping (none but DeepSpeed's NVMe placements)."""
         return 0
 
+    def tensors_on_nvme(self) -> tuple[int, int] | None:
+        """(parameters, optimizer sub-groups) kept on NVMe on this rank; None where nothing is offloaded there."""
+        return None
+
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

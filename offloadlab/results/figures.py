@@ -77,6 +77,8 @@ class ModelFacts:
     """The CPU ids rank 0 was bound to (one a physical core), where its CPU optimizer ran."""
     cpu_threads: int | None = None
     """The threads of rank 0's torch and OpenMP pools (its CPU optimizer's)."""
+    tensors_on_nvme: tuple[int, int] | None = None
+    """(parameters, optimizer sub-groups) rank 0 kept on NVMe; None: nothing was offloaded to NVMe."""
 
     @property
     def gpu_capacity_bytes(self) -> int | None:

@@ -114,6 +114,13 @@ class StrategySummary:
     nvme_wait_seconds: dict[str, float] | None = None
     """Of `phase_seconds`, the mean seconds rank 0 waited for its NVMe swaps to complete in each (the
     drive's time that compute did not hide); None where nothing swaps."""
+    tensors_on_nvme: tuple[int, int] | None = None
+    """(parameters, optimizer sub-groups) rank 0's engine kept on NVMe; None: no NVMe offload (or unknown)."""
+
+    @property
+    def swapped_nothing(self) -> bool:
+        """Asked to offload to NVMe, its engine put nothing there (DeepSpeed swaps no tensor under 1 MiB)."""
+        return self.tensors_on_nvme is not None and not any(self.tensors_on_nvme)
 
     @property
     def nvme_gbps(self) -> tuple[float, float] | None:
@@ -355,6 +362,7 @@ def _summary(row, status: Status, reason: str | None, followed: FollowedStrategy
         cpu_threads=facts.cpu_threads if facts else None,
         cpu_cores=tuple(facts.cpu_cores) if facts else (),
         params_per_rank=facts.n_params // facts.world_size if facts else None,
+        tensors_on_nvme=tuple(facts.tensors_on_nvme) if facts and facts.tensors_on_nvme is not None else None,
         nvme_wait_seconds=_mean_by_phase([followed.swap_wait[r.step] for r in steady if r.step in followed.swap_wait]),
         tuned_drive_gbps=getattr(strategy, "tuned_drive_gbps", None),
         planned=Planned.from_json(followed.events[PLAN_EVENT][-1]["detail"])

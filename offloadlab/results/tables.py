@@ -195,6 +195,12 @@ def optimizer_rate(s: StrategySummary) -> str:
     return "-" if rate is None else f"{rate / 1e6:,.0f}"
 
 
+SWAPPED_NOTHING_WHY = (
+    "DeepSpeed keeps in RAM any tensor under max(1 MiB, the aio block_size) and the parameters its "
+    "max_in_cpu buffer holds (1e9 elements by default): all of this model's stayed there"
+)
+
+
 def compare_table(
     run_dir: Path, summaries: list[StrategySummary], width: int = 200, state: str | None = None
 ) -> Table:
@@ -255,6 +261,9 @@ def _table(
     budget = next((s.gpu_budget_bytes for s in summaries if s.gpu_budget_bytes), None)
     if budget:
         captions.append(f"GPU memory budget {human_bytes(budget)} a rank: GPU shares are of it")
+    swapped_nothing = [s.name for s in summaries if s.swapped_nothing]
+    if swapped_nothing:
+        captions.append(f"{', '.join(swapped_nothing)} swapped nothing: {SWAPPED_NOTHING_WHY}")
     if captions:
         table.caption = Text("; ".join(captions))
     return table

@@ -10,6 +10,7 @@ run folder with PYTHONSAFEPATH set, so no module in the user's current folder is
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -45,7 +46,7 @@ from offloadlab.results.rundir import RunDir, RunDirError, is_disk_full, signals
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore, StoreError, is_run_store
 from offloadlab.results.summary import Planned, record_plan
-from offloadlab.results.tables import human_bytes
+from offloadlab.results.tables import SWAPPED_NOTHING_WHY, human_bytes
 from offloadlab.run.preflight import check_fits, preflight_run
 from offloadlab.spec import RunSpec, SpecError
 from offloadlab.workload.data import run_tokens
@@ -331,6 +332,13 @@ class Runner:
             self.say(f"{job.name}: {status.label} after {int(time.monotonic() - began)} s")
         if row["reason"]:
             self.say(f"  {job.name}: {status.label}: {escape(row['reason'])} (log: {escape(str(job.log))})")
+        if self._swapped_nothing(job):
+            self.say(f"  {job.name} swapped nothing: {SWAPPED_NOTHING_WHY}")
+
+    def _swapped_nothing(self, job: StrategyJob) -> bool:
+        facts = self.store.events(job.strategy_id, MODEL_FACTS_EVENT)
+        placed = json.loads(facts[0]["detail"]).get("tensors_on_nvme") if facts else None
+        return placed is not None and not any(placed)
 
     def _restores_at_world_1(self, job: StrategyJob) -> bool:
         """One host only: the check runs where rank 0 saved."""

@@ -107,6 +107,7 @@ def record_model_facts(store: RunStore, strategy_id: int, spec: RunSpec, engine,
         budget.budget_bytes if budget else None,
         tuple(sorted(os.sched_getaffinity(0))),
         torch.get_num_threads(),
+        engine.tensors_on_nvme(),
     )
     now = time.time()
     store.add_events(strategy_id, 0, [(None, MODEL_FACTS_EVENT, now, now, json.dumps(asdict(facts)))])

@@ -148,6 +148,24 @@ class DeepSpeedEngine(Engine):
             total += sum(b.numel() * b.element_size() for b in optimizer_swapper.swap_buffer_manager.all_buffers)
         return total
 
+    def tensors_on_nvme(self) -> tuple[int, int] | None:
+        """(parameters, optimizer sub-groups) DeepSpeed keeps on NVMe on this rank; None if it offloads
+        nothing there. It swaps a tensor only from max(1 MiB, the aio block size) (swappable_tensor,
+        is_swappable_tensor), and moves the parameters its max_in_cpu buffer holds back to RAM for good
+        (stage3._move_to_flat_buffer marks them 'not-nvme'): a small model asked for NVMe may stay in RAM."""
+        from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
+
+        offloads = (self.engine.zero_offload_param(), self.engine.zero_offload_optimizer())
+        if OffloadDeviceEnum.nvme not in [offload.device for offload in offloads if offload is not None]:
+            return None
+        params = sum(
+            getattr(getattr(p, "ds_tensor", None), "final_location", None) == OffloadDeviceEnum.nvme
+            for p in self.engine.module.parameters()
+        )
+        optimizer = self.engine.optimizer
+        groups = sum(optimizer._swappable_optimizer_subgroup(i) for i in self._subgroups())
+        return params, groups
+
     def _subgroups(self) -> range:
         if not self.engine.zero_nvme_offload_optimizer():
             return range(0)
