@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.offloadlab-installed
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test screenshots clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q --durations=25
+
+# The docs' screenshots, from a real demo run and a quick tune (a few minutes): docs/screenshots.py.
+screenshots: setup
+	$(BIN)/python docs/screenshots.py
 
 clean:
 	rm -rf $(VENV) runs

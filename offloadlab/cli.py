@@ -228,7 +228,8 @@ def compare(run_dir: Path, as_json: bool) -> None:
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), help="The HTML file (default RUN_DIR/report.html).")
-def report(run_dir: Path, out: Path | None) -> None:
+@click.option("--png", "png_dir", type=click.Path(path_type=Path), help="Also each chart as a PNG in this folder.")
+def report(run_dir: Path, out: Path | None, png_dir: Path | None) -> None:
     """Write a self-contained HTML report with plots of every strategy side by side."""
     from offloadlab.checks.host import check_file_to_write
     from offloadlab.results.report import write_report
@@ -236,9 +237,13 @@ def report(run_dir: Path, out: Path | None) -> None:
     out = out or run_dir / "report.html"
     with _refusing_bad_input():
         check_file_to_write(out, "report")  # before the plots are drawn
+        if png_dir is not None and png_dir.exists() and not png_dir.is_dir():
+            raise SpecError(f"--png {png_dir}: not a folder; give a folder for the chart images")
     with _reading_store(run_dir):
-        write_report(run_dir, out)
+        written = write_report(run_dir, out, png_dir)
     console.print(Text(f"report: {out}"))
+    if png_dir is not None:
+        console.print(Text(f"charts: {len(written) - 1} PNG files in {png_dir}"))
 
 
 @main.command()

@@ -17,7 +17,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from conftest import cli, copy_store, h200_budget_run_with_its_plan, write_spec
+from conftest import cli, copy_store, flat, h200_budget_run_with_its_plan, write_spec
 from offloadlab.results.steps import PHASES, SWAP_EVENT, CumulativeSeries, SampledSeries
 from offloadlab.results.store import DB_NAME, RunStore, StepRecord
 from offloadlab.results.summary import summarize
@@ -247,14 +247,21 @@ def test_a_steps_mean_sample_is_the_mean_of_its_window_or_the_nearest_sample():
     assert SampledSeries([]).mean_in(0.0, 1.0) is None
 
 
-def test_report_has_a_chart_per_strategy_and_metric(swapping_run):
-    out = cli("report", str(swapping_run)).stdout
+def test_report_has_a_chart_per_strategy_and_metric(swapping_run, tmp_path):
+    out = cli("report", str(swapping_run), "--png", str(tmp_path / "charts")).stdout
     page = (swapping_run / "report.html").read_text()
     assert "report.html" in out and "<script" not in page  # self-contained: nothing runs, nothing is fetched
     # The three metric charts with samples (no GPU here: its three are left out and named), where the step
     # goes, loss and step time: each one matplotlib SVG.
     assert page.count("<svg") == 3 + 3
     assert "no samples of: GPU memory used, PCIe, GPU utilization" in page
+    # --png: the same six charts as images (for slides and the docs' screenshots), named by their titles.
+    pngs = sorted((tmp_path / "charts").iterdir())
+    assert "charts: 6 PNG files" in flat(out) and len(pngs) == 6
+    assert {"where-the-step-goes.png", "loss-per-step.png", "step-time.png"} <= {p.name for p in pngs}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000 for p in pngs)
+    refused = cli("report", str(swapping_run), "--png", str(swapping_run / "report.html"), check=False)
+    assert refused.returncode == 2 and "not a folder" in refused.stderr + refused.stdout
     # compare's table with every column, statuses in words, the checkpoints verified
     for header in ("bound by", "of GPU/RAM", "comm/step", "SSD writes", "PCIe GB/s", "checkpoint"):
         assert header in page, header

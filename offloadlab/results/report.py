@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import io
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,10 +102,10 @@ def _figure(rows: int, height: float = 1.7) -> tuple[Figure, list]:
     return fig, list(fig.subplots(rows, 1, squeeze=False)[:, 0])
 
 
-def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dict, steps_of: dict) -> str:
+def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dict, steps_of: dict) -> Figure | None:
     """One row per strategy that has samples of the panel's metrics, all on one y scale so rows compare, x
     in time from the strategy's first step (startup is left of zero; steps are marked on short runs).
-    Empty: no strategy has any, and the panel is left out."""
+    None: no strategy has any, and the panel is left out."""
     lines_of = {}
     for row in strategies:
         lines = [
@@ -116,7 +117,7 @@ def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dic
             lines_of[row["id"]] = lines
     drawn = [row for row in strategies if row["id"] in lines_of]
     if not drawn:
-        return ""
+        return None
     fig, axes = _figure(len(drawn))
     for ax in axes[1:]:
         ax.sharey(axes[0])
@@ -150,7 +151,7 @@ def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dic
         ax.xaxis.set_major_formatter(clock)
     axes[-1].set_xlabel(f"time from the first step ({clock.unit}; startup is left of 0)", fontsize=8)
     fig.subplots_adjust(right=0.8)  # the legends
-    return _svg(fig)
+    return fig
 
 
 def _clock_axis(span_s: float) -> FuncFormatter:
@@ -166,7 +167,7 @@ def _clock_axis(span_s: float) -> FuncFormatter:
     return clock
 
 
-def step_time_chart(strategies: list, summaries: dict, steps_of: dict) -> str:
+def step_time_chart(strategies: list, summaries: dict, steps_of: dict) -> Figure:
     """Each strategy's step times on its own scale, with its median and the stall line (3x the median)."""
     fig, axes = _figure(len(strategies), 1.4)
     for ax, row in zip(axes, strategies):
@@ -187,10 +188,10 @@ def step_time_chart(strategies: list, summaries: dict, steps_of: dict) -> str:
         ax.legend(fontsize=7, loc="upper right")
         ax.set_ylim(bottom=0)
     axes[-1].set_xlabel("step", fontsize=8)
-    return _svg(fig)
+    return fig
 
 
-def loss_chart(strategies: list, steps_of: dict) -> str:
+def loss_chart(strategies: list, steps_of: dict) -> Figure:
     """Every strategy's loss per step on one chart, with a legend: an inexact strategy (ZenFlow) against
     the exact ones at every step."""
     fig, (ax,) = _figure(1, 2.6)
@@ -211,15 +212,15 @@ def loss_chart(strategies: list, steps_of: dict) -> str:
     ax.set_xlabel("step", fontsize=8)
     ax.set_ylabel("loss", fontsize=8)
     ax.tick_params(labelsize=7)
-    return _svg(fig)
+    return fig
 
 
-def phase_chart(summaries: list[StrategySummary]) -> str:
+def phase_chart(summaries: list[StrategySummary]) -> Figure | None:
     """Where each strategy's steady step goes: forward, backward, optimizer and the rest, stacked, each
     with the part of it spent waiting for NVMe swaps hatched."""
     timed = [s for s in summaries if s.phase_seconds]
     if not timed:
-        return "<p>no phase timings recorded</p>"
+        return None
     fig, (ax,) = _figure(1, 0.35 * len(timed) + 0.6)
     names = [s.name for s in timed]
     left = np.zeros(len(timed))
@@ -245,7 +246,7 @@ def phase_chart(summaries: list[StrategySummary]) -> str:
         labels.append("NVMe wait")
     # Above the bars: inside the axes it covered the last strategy's.
     ax.legend(handles, labels, fontsize=7, ncols=5, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    return _svg(fig)
+    return fig
 
 
 def _summary_table(summaries: list[StrategySummary]) -> str:
@@ -260,7 +261,11 @@ def _summary_table(summaries: list[StrategySummary]) -> str:
     return f"<table><tr>{head}</tr>{rows}</table>"
 
 
-def write_report(run_dir: Path, out: Path) -> None:
+NO_PHASES = "<p>no phase timings recorded</p>"  # the one chart that may be missing (a store before phases)
+
+
+def write_report(run_dir: Path, out: Path, png_dir: Path | None = None) -> list[Path]:
+    """The HTML page at `out`; with png_dir, each chart also as a PNG there (the files written)."""
     store = RunStore(run_dir)
     run = store.run()
     strategies = store.strategies(run["id"])
@@ -268,10 +273,15 @@ def write_report(run_dir: Path, out: Path) -> None:
     summaries = summarize(store, cache)
     by_name = {s.name: s for s in summaries}
     steps_of = {row["id"]: cache.strategies[row["id"]].rank0 for row in strategies}  # read once, for every chart
-    charts = [(panel, metric_chart(store, panel, strategies, by_name, steps_of)) for panel in PANELS]
-    sections = [f"<h2>{html.escape(panel.title)}</h2>{chart}" for panel, chart in charts if chart]
-    if len(sections) < len(charts):
-        left_out = ", ".join(panel.title.split(" (")[0] for panel, chart in charts if not chart)
+    charts = {
+        "where the step goes": phase_chart(summaries),
+        "loss per step": loss_chart(strategies, steps_of),
+        "step time": step_time_chart(strategies, by_name, steps_of),
+    }
+    panels = {panel.title: metric_chart(store, panel, strategies, by_name, steps_of) for panel in PANELS}
+    sections = [f"<h2>{html.escape(title)}</h2>{_svg(fig)}" for title, fig in panels.items() if fig]
+    if len(sections) < len(panels):
+        left_out = ", ".join(title.split(" (")[0] for title, fig in panels.items() if not fig)
         sections.append(f"<p>no samples of: {html.escape(left_out)}</p>")
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>offloadlab report: {html.escape(run['name'])}</title>
@@ -287,9 +297,16 @@ one, a stored run's of the same model, batch and GPU: the table's "practical" ca
 a stall is a step over
 {STALL_FACTOR:g}x the median. Each cell's second line is the header's second line.</p>
 <div class="wide">{_summary_table(summaries)}</div>
-<h2>where the step goes</h2>{phase_chart(summaries)}
-<h2>loss per step</h2>{loss_chart(strategies, steps_of)}
-<h2>step time</h2>{step_time_chart(strategies, by_name, steps_of)}
+{''.join(f"<h2>{html.escape(title)}</h2>{_svg(fig) if fig else NO_PHASES}" for title, fig in charts.items())}
 {''.join(sections)}
 </body></html>"""
     out.write_text(page)
+    if png_dir is None:
+        return [out]
+    png_dir.mkdir(parents=True, exist_ok=True)
+    written = [out]
+    for title, fig in [*charts.items(), *panels.items()]:
+        if fig is not None:
+            written.append(png_dir / f"{re.sub(r'[^a-z0-9]+', '-', title.lower()).strip('-')}.png")
+            fig.savefig(written[-1], dpi=110)
+    return written
