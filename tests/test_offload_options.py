@@ -267,3 +267,26 @@ def test_bf16_master_weights_train_near_exact_adamw_and_restore(tmp_path):
         assert s.last_loss_deviation == pytest.approx(
             (losses[name][-1] - losses["zero2-cpu"][-1]) / losses["zero2-cpu"][-1], rel=1e-3
         )
+
+
+@pytest.mark.parametrize("max_norm", [1e3, 0.5])
+def test_clipping_the_local_shards_is_torchs_clipping(max_norm):
+    """FSDP2 with DeepSpeed's CPU Adam clips over plain local tensors; it must give torch's clip_grad_norm_
+    (the norm summed in another order: to float rounding), and leave the gradients untouched, not even
+    rewritten, when no clipping is needed."""
+    import torch
+
+    from offloadlab.engines.fsdp2.adapter import clip_local_shards
+
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(n)) for n in (1000, 37, 4096)]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    for a, b in zip(ours, theirs):
+        a.grad = torch.randn_like(a)
+        b.grad = a.grad.clone()
+    versions = [p.grad._version for p in ours]
+    clip_local_shards(ours, max_norm)
+    torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    assert all(torch.allclose(a.grad, b.grad, rtol=1e-6, atol=0) for a, b in zip(ours, theirs))
+    rewritten = [p.grad._version != v for p, v in zip(ours, versions)]
+    assert rewritten == [max_norm < 100] * 3  # the norm of these gradients is about 72
