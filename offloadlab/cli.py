@@ -231,14 +231,20 @@ def compare(run_dir: Path, as_json: bool) -> None:
 @click.option("--png", "png_dir", type=click.Path(path_type=Path), help="Also each chart as a PNG in this folder.")
 def report(run_dir: Path, out: Path | None, png_dir: Path | None) -> None:
     """Write a self-contained HTML report with plots of every strategy side by side."""
-    from offloadlab.checks.host import check_file_to_write
+    from offloadlab.checks.host import check_file_to_write, check_folder_to_write
     from offloadlab.results.report import write_report
 
     out = out or run_dir / "report.html"
     with _refusing_bad_input():
         check_file_to_write(out, "report")  # before the plots are drawn
-        if png_dir is not None and png_dir.exists() and not png_dir.is_dir():
-            raise SpecError(f"--png {png_dir}: not a folder; give a folder for the chart images")
+        if png_dir is not None:
+            check_folder_to_write(png_dir, "--png")
+            try:
+                png_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise SpecError(
+                    f"--png {png_dir}: cannot be made ({err.strerror}); pass a folder you can write"
+                ) from err
     with _reading_store(run_dir):
         written = write_report(run_dir, out, png_dir)
     console.print(Text(f"report: {out}"))
@@ -320,27 +326,33 @@ def autotune(spec_path: Path, budget: str, steps: int, only: str | None, out: Pa
     """Find the fastest configuration of SPEC's model and batch on this machine by training each for a few
     steps: the fastest exact AdamW, and the fastest overall."""
     from offloadlab.autotune.output import ranked_table, trial_line
-    from offloadlab.autotune.session import AutotuneRequest, autotune_spec
+    from offloadlab.autotune.session import BUDGET_GONE, AutotuneRequest, autotune_spec
 
     with _refusing_bad_input():
         name = load_spec(spec_path).name
     out = out or Path("runs") / f"autotune-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     names = frozenset(n.strip() for n in (only or "").split(",") if n.strip())
     request = AutotuneRequest(spec_path, budget, steps, out, names)
-    console.print(Text(f"follow it live: offloadlab tui --root {out}"))
     try:
         with _refusing_bad_input():
             outcome = autotune_spec(request, console, lambda r, trial: console.print(Text(trial_line(r, trial))))
     except KeyboardInterrupt:
         console.print(Text(f"interrupted: the running trial was stopped and cleaned up; finished ones stay in {out}"))
         sys.exit(130)
-    console.print(ranked_table(outcome.search))
-    if outcome.search.not_tried:
-        console.print(Text(f"not tried within the budget: {', '.join(c.name for c in outcome.search.not_tried)}"))
+    search = outcome.search
+    if not (search.screened or search.confirmed):
+        _fail(BUDGET_GONE)
+    console.print(ranked_table(search))
+    if search.not_tried:
+        console.print(Text(f"not tried within the budget: {', '.join(c.name for c in search.not_tried)}"))
+    confirmed = {t.candidate.name for t in search.confirmed}
     for what, files in outcome.written.items():
         console.print(Text(f"{what}: {', '.join(str(f) for f in files)}"))
-    if not outcome.written and not (outcome.search.screened or outcome.search.confirmed):
-        _fail("the budget ran out before the first trial: planning and building took it; give a longer --budget", 1)
+        pick = search.best(exact_only=what == "best-exact")
+        if pick is not None and pick.candidate.name not in confirmed:
+            console.print(
+                Text(f"  measured in its {steps}-step screen only: the budget left no room to run it longer")
+            )
     if not outcome.written:
         _fail(f"no configuration finished its steps: see the trials' logs under {out}", code=1)
 

@@ -12,7 +12,7 @@ import tomli_w
 from rich.console import Console
 
 from conftest import cli, flat
-from offloadlab.autotune.search import Budget, parse_budget, watch
+from offloadlab.autotune.search import Budget, duration_text, parse_budget, watch
 from offloadlab.autotune.space import search_space, splits
 from offloadlab.autotune.trials import Trial, _too_slow
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
@@ -37,6 +37,22 @@ def _spec(tmp_path: Path, **overrides) -> Path:
 )
 def test_budget_reads_hours_minutes_and_seconds(text, seconds):
     assert parse_budget(text) == seconds
+
+
+def test_a_budget_is_shown_as_it_was_given():
+    assert [duration_text(parse_budget(t)) for t in ("90s", "20m", "1h30m", "1h", "1s")] == [
+        "1 min 30 s", "20 min", "1 h 30 min", "1 h", "1 s"
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_budget_gone_before_the_first_trial_is_refused_with_the_fix(tmp_path):
+    """The budget counts from the start: 1 s is spent by the plan. One line naming the fix, exit 2, no empty
+    table, no folder made."""
+    out = tmp_path / "tuned"
+    result = cli("autotune", str(_spec(tmp_path)), "--budget", "1s", "--out", str(out), check=False)
+    assert result.returncode == 2 and "give a longer --budget" in result.stderr
+    assert "measured, fastest first" not in result.stdout and not out.exists()
 
 
 @pytest.mark.parametrize("text", ["", "20 minutes", "m", "-5m"])

@@ -258,10 +258,12 @@ def test_report_has_a_chart_per_strategy_and_metric(swapping_run, tmp_path):
     # --png: the same six charts as images (for slides and the docs' screenshots), named by their titles.
     pngs = sorted((tmp_path / "charts").iterdir())
     assert "charts: 6 PNG files" in flat(out) and len(pngs) == 6
-    assert {"where-the-step-goes.png", "loss-per-step.png", "step-time.png"} <= {p.name for p in pngs}
+    assert {"where-the-step-goes.png", "loss-per-step.png", "step-time.png", "host-rss-process-tree.png"} <= {
+        p.name for p in pngs
+    }
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000 for p in pngs)
     refused = cli("report", str(swapping_run), "--png", str(swapping_run / "report.html"), check=False)
-    assert refused.returncode == 2 and "not a folder" in refused.stderr + refused.stdout
+    assert refused.returncode == 2 and "is a file: pass a folder" in refused.stderr
     # compare's table with every column, statuses in words, the checkpoints verified
     for header in ("bound by", "of GPU/RAM", "comm/step", "SSD writes", "PCIe GB/s", "checkpoint"):
         assert header in page, header

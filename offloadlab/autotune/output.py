@@ -22,7 +22,10 @@ def trial_line(round_: int, trial: Trial) -> str:
     c = trial.candidate
     head = f"{'screen' if round_ == 1 else 'round 2'} {c.name}:"
     if not trial.measured:
-        return f"{head} {trial.status.label} ({trial.reason}) after {trial.wall_s:.0f} s"
+        # A trial the search stopped (slower than the best, or out of time) did not fail: it was judged.
+        stopped = (trial.reason or "").startswith("stopped")
+        what = trial.reason if stopped else f"{trial.status.label} ({trial.reason})"
+        return f"{head} {what} after {trial.wall_s:.0f} s"
     t = trial.times
     return (
         f"{head} {t.tokens_per_s:,.0f} tokens/s, step p50 {t.p50_s:.3f} s, max {t.max_s:.3f} s, "

@@ -35,6 +35,14 @@ def parse_budget(text: str) -> float:
     return hours * 3600 + minutes * 60 + seconds
 
 
+def duration_text(seconds: float) -> str:
+    """90 -> "1 min 30 s", 3600 -> "1 h", as a budget was given (parse_budget's forms)."""
+    hours, rest = divmod(round(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n} {unit}" for n, unit in ((hours, "h"), (minutes, "min"), (secs, "s")) if n]
+    return " ".join(parts) or "0 s"
+
+
 @dataclass
 class Budget:
     seconds: float

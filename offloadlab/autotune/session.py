@@ -8,12 +8,14 @@ from pathlib import Path
 from rich.console import Console
 
 from offloadlab.autotune.output import write_winners
-from offloadlab.autotune.search import Budget, Search, autotune, parse_budget
+from offloadlab.autotune.search import Budget, Search, autotune, duration_text, parse_budget
 from offloadlab.autotune.space import search_space
 from offloadlab.engines.ops import announce_on, ensure_built
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
 from offloadlab.run.runner import check_new_folder
 from offloadlab.spec import RunSpec, SpecError
+
+BUDGET_GONE = "the budget ran out before the first trial: planning and building took it; give a longer --budget"
 
 
 @dataclass(frozen=True)
@@ -44,11 +46,15 @@ def autotune_spec(request: AutotuneRequest, console: Console, report) -> Autotun
     candidates = search_space(inputs, set(request.only))
     if not candidates:
         raise SpecError("the plan says nothing fits this machine at this batch: 'offloadlab plan SPEC' shows why")
+    console.print(f"follow it live: offloadlab tui --root {request.out}", highlight=False)
     console.print(
         f"autotune: {len(candidates)} configurations fit ({inputs.title}); trying them in the plan's order "
-        f"within {budget.seconds / 60:.0f} min, {request.steps} steps each after the start-up"
+        f"within {duration_text(budget.seconds)} (counted from the start), {request.steps} steps each after "
+        "the start-up"
     )
     ensure_built({op for c in candidates for op in c.prediction.placement.strategy.ops_needed}, announce_on(console))
+    if budget.left() <= 0:
+        raise SpecError(BUDGET_GONE)
     request.out.mkdir(parents=True, exist_ok=True)
     log = Console(quiet=True)  # the trials' own run output: their logs and stores keep it
     search = autotune(inputs.spec, candidates, budget, request.steps, request.out, report, log)

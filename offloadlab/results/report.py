@@ -307,6 +307,7 @@ a stall is a step over
     written = [out]
     for title, fig in [*charts.items(), *panels.items()]:
         if fig is not None:
-            written.append(png_dir / f"{re.sub(r'[^a-z0-9]+', '-', title.lower()).strip('-')}.png")
+            name = re.sub(r"[^a-z0-9]+", "-", title.split(" (")[0].lower()).strip("-")  # the title, not its note
+            written.append(png_dir / f"{name}.png")
             fig.savefig(written[-1], dpi=110)
     return written
