@@ -119,7 +119,8 @@ def world1(tmp_path_factory, nvme_root) -> Path:
     folder = tmp_path_factory.mktemp("world1")
     spec = write_spec(folder, STRATEGIES, nvme_path=str(nvme_root))
     (folder / "plan.json").write_text(cli("plan", str(spec), "--json").stdout)
-    cli("run", str(spec), "--out", str(folder / "run"), "--plan", str(folder / "plan.json"))
+    ran = cli("run", str(spec), "--out", str(folder / "run"), "--plan", str(folder / "plan.json"))
+    (folder / "run.out").write_text(ran.stdout)  # what the user saw (piped), for tests of its lines
     return folder / "run"
 
 

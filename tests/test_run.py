@@ -74,6 +74,8 @@ def test_compare_prints_the_table_and_json(world1):
     nvme = next(s for s in summarize(RunStore(world1)) if s.name == "zero3-nvme")
     assert nvme.tensors_on_nvme == (0, 0) and not nvme.disk_write_bytes_per_step
     assert "zero3-nvme swapped nothing: DeepSpeed keeps in RAM any tensor under max(1 MiB" in flat(table)
+    said = flat((world1.parent / "run.out").read_text())
+    assert "zero3-nvme swapped nothing: DeepSpeed keeps in RAM" in said and "zero2-cpu swapped nothing" not in said
     rows = json.loads(cli("compare", str(world1), "--json").stdout)
     assert {r["name"] for r in rows} == {s["name"] for s in STRATEGIES}
     assert all(r["median_step_time_s"] > 0 and r["p90_step_time_s"] >= r["median_step_time_s"] for r in rows)

@@ -54,6 +54,12 @@ class RankProcess:
     """The CPU ids the rank is bound to."""
 
 
+def swapped_nothing(tensors_on_nvme) -> bool:
+    """Asked to offload to NVMe, the engine put no tensor there: DeepSpeed keeps tensors under 1 MiB and the
+    parameters its max_in_cpu buffer holds in RAM. tensors_on_nvme: (parameters, optimizer sub-groups)."""
+    return tensors_on_nvme is not None and not any(tensors_on_nvme)
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     """What MFU needs about a strategy's run, recorded once by rank 0 after the engine is built."""
@@ -79,6 +85,10 @@ class ModelFacts:
     """The threads of rank 0's torch and OpenMP pools (its CPU optimizer's)."""
     tensors_on_nvme: tuple[int, int] | None = None
     """(parameters, optimizer sub-groups) rank 0 kept on NVMe; None: nothing was offloaded to NVMe."""
+
+    @property
+    def swapped_nothing(self) -> bool:
+        return swapped_nothing(self.tensors_on_nvme)
 
     @property
     def gpu_capacity_bytes(self) -> int | None:

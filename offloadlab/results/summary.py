@@ -119,8 +119,7 @@ class StrategySummary:
 
     @property
     def swapped_nothing(self) -> bool:
-        """Asked to offload to NVMe, its engine put nothing there (DeepSpeed swaps no tensor under 1 MiB)."""
-        return self.tensors_on_nvme is not None and not any(self.tensors_on_nvme)
+        return figures.swapped_nothing(self.tensors_on_nvme)
 
     @property
     def nvme_gbps(self) -> tuple[float, float] | None:

@@ -41,7 +41,7 @@ from rich.progress import (
 from offloadlab.checks.host import PINNED_EXACT_ABOVE, sets_pinned_exact
 from offloadlab.engines import engine_for
 from offloadlab.engines.ops import announce_on, ensure_built
-from offloadlab.results.figures import MODEL_FACTS_EVENT, RANK_PROCESS_EVENT
+from offloadlab.results.figures import MODEL_FACTS_EVENT, RANK_PROCESS_EVENT, ModelFacts
 from offloadlab.results.rundir import RunDir, RunDirError, is_disk_full, signals_ignored
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore, StoreError, is_run_store
@@ -337,8 +337,7 @@ class Runner:
 
     def _swapped_nothing(self, job: StrategyJob) -> bool:
         facts = self.store.events(job.strategy_id, MODEL_FACTS_EVENT)
-        placed = json.loads(facts[0]["detail"]).get("tensors_on_nvme") if facts else None
-        return placed is not None and not any(placed)
+        return bool(facts) and ModelFacts(**json.loads(facts[0]["detail"])).swapped_nothing
 
     def _restores_at_world_1(self, job: StrategyJob) -> bool:
         """One host only: the check runs where rank 0 saved."""
