@@ -290,3 +290,59 @@ def test_clipping_the_local_shards_is_torchs_clipping(max_norm):
     assert all(torch.allclose(a.grad, b.grad, rtol=1e-6, atol=0) for a, b in zip(ours, theirs))
     rewritten = [p.grad._version != v for p, v in zip(ours, versions)]
     assert rewritten == [max_norm < 100] * 3  # the norm of these gradients is about 72
+
+
+KEPT_GATHERED = r"""
+import json, os, sys
+import torch
+from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+from offloadlab.engines.dist import DistContext
+from offloadlab.engines.fsdp2.adapter import build_fsdp2
+from offloadlab.spec import load_spec
+from offloadlab.workload.data import Batch
+
+gathers = 0
+unshard = FSDPParamGroup.unshard
+
+def counted(self, *args, **kwargs):  # torch's own unshard, counting those that copy the shards up
+    global gathers
+    gathers += not self.is_unsharded and self._all_gather_result is None
+    return unshard(self, *args, **kwargs)
+
+FSDPParamGroup.unshard = counted
+spec = load_spec(sys.argv[1])
+torch.manual_seed(1)
+tokens = torch.randint(0, 256, (spec.grad_accum, spec.micro_batch, spec.seq_len + 1))
+batches = [Batch(t[:, :-1].contiguous(), t[:, 1:].contiguous()) for t in tokens]
+out = {}
+for strategy in spec.strategy:
+    engine = build_fsdp2(spec, strategy, DistContext(0, 1, 0, torch.device("cpu")))
+    gathers = 0
+    losses = [engine.train_step(batches) for _ in range(2)]
+    out[strategy.name] = dict(losses=losses, gathers_per_step=gathers / 2)
+    torch.distributed.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("grad_accum", [1, 3])
+def test_fsdp2_blocks_kept_gathered_are_gathered_once_a_step(tmp_path, grad_accum):
+    """With reshard_after_forward = false, each sharded unit (the tiny GPT's two blocks and its root) is
+    gathered (with CPU offload: its fp32 shards uploaded) once a step, however many micro-batches; by
+    default each block twice a micro-batch. The losses are the same bits: only when shards move differs."""
+    import os
+    import subprocess
+    import sys
+
+    offload = dict(engine="fsdp2", cpu_offload=True, cpu_optimizer="deepspeed")
+    strategies = [dict(name="default", **offload), dict(name="kept", reshard_after_forward=False, **offload)]
+    spec = write_spec(tmp_path, strategies, **TINY, grad_accum=grad_accum, micro_batch=2)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29570 + grad_accum), "RANK": "0",
+           "WORLD_SIZE": "1", "LOCAL_RANK": "0", "DS_ACCELERATOR": "cpu"}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", KEPT_GATHERED, str(spec)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    blocks = 2
+    assert out["kept"]["gathers_per_step"] == blocks + 1
+    assert out["default"]["gathers_per_step"] == grad_accum * (2 * blocks + 1)
+    assert out["kept"]["losses"] == out["default"]["losses"]

@@ -57,10 +57,14 @@ class FSDP2Engine(Engine):
         optimizer: torch.optim.Optimizer,
         grad_clip: float,
         clip_locally: bool = False,
+        kept_gathered: bool = False,
     ):
         super().__init__(ctx)
         self.model, self.optimizer, self.grad_clip = model, optimizer, grad_clip
         self.clip_locally = clip_locally
+        self.kept_gathered = kept_gathered
+        """Blocks stay gathered from forward to backward (reshard_after_forward=False): then also from one
+        micro-batch to the next, so an offloaded fp32 shard is uploaded once a step, not once a micro-batch."""
 
     @classmethod
     def build(cls, spec: RunSpec, strategy: FSDP2Strategy, ctx: DistContext, nvme_dir: Path | None) -> "FSDP2Engine":
@@ -78,8 +82,11 @@ class FSDP2Engine(Engine):
     def train_step(self, batches: list[Batch]) -> float:
         losses = []
         for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
             # Reduce-scatter gradients only on the last micro-batch, as DeepSpeed does at the boundary.
-            self.model.set_requires_gradient_sync(i == len(batches) - 1)
+            self.model.set_requires_gradient_sync(last)
+            if self.kept_gathered:  # the shards change only at the optimizer step: no regather before it
+                self.model.set_reshard_after_backward(last)
             with self.phase("forward"):
                 loss = lm_loss(self.model(batch.inputs.to(self.ctx.device)), batch.targets.to(self.ctx.device))
             with self.phase("backward"):
@@ -154,7 +161,14 @@ def build_fsdp2(spec: RunSpec, strategy: FSDP2Strategy, ctx: DistContext) -> FSD
         optimizer = sharded_cpu_adam(model.parameters(), **adamw)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), **adamw)
-    return FSDP2Engine(ctx, model, optimizer, spec.grad_clip, clip_locally=strategy.cpu_optimizer == "deepspeed")
+    return FSDP2Engine(
+        ctx,
+        model,
+        optimizer,
+        spec.grad_clip,
+        clip_locally=strategy.cpu_optimizer == "deepspeed",
+        kept_gathered=not strategy.reshard_after_forward,
+    )
 
 
 def sharded_cpu_adam(params, **adamw) -> torch.optim.Optimizer:

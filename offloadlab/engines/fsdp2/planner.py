@@ -76,9 +76,10 @@ def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
     """Bytes per optimizer step over each link: PCIe (per rank); FSDP2 never touches NVMe."""
     out = {"nvme_read": 0.0, "nvme_write": 0.0, "pcie_h2d": 0.0, "pcie_d2h": 0.0}
     if p.strategy.cpu_offload:
-        # The fp32 shards go up for forward and again for backward, unless the blocks stay gathered.
-        uploads = 2 if p.strategy.reshard_after_forward else 1
-        out["pcie_h2d"] = uploads * shape.grad_accum * 4 * shape.n_params / world
+        # The fp32 shards go up for forward and again for backward in each micro-batch, unless the blocks
+        # stay gathered: then once a step (the engine keeps them gathered across micro-batches too).
+        uploads = 2 * shape.grad_accum if p.strategy.reshard_after_forward else 1
+        out["pcie_h2d"] = uploads * 4 * shape.n_params / world
         out["pcie_d2h"] = (
             4 * shape.n_params / world
         )  # the reduced gradient, once a step (sync on the last micro-batch)
