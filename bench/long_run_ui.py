@@ -3,8 +3,9 @@
     python bench/long_run_ui.py [--shapes 6h-2gpu,24h-8gpu] [--folder DIR] [--keep]
 
 Builds each store with the writes a run makes, in its order: the ranks' `add_step` and phase events each
-step, and the sampler's flush (`add_samples`, then `StepFigures.store_final`, as telemetry.sampler does),
-with the sampler's metric names (host, one drive, six per GPU) at 10 Hz. The last strategy is left running,
+step, the sampler's flush (`add_samples`, then `StepFigures.store_final`, as telemetry.sampler does),
+with the sampler's metric names (host, one drive, six per GPU) at 10 Hz, and at a strategy's end its
+figures (`store_figures`, as the runner does). The last strategy is left running,
 a few steps from its end, with the run folder's lock held. Then, each in its own process as a user meets it:
 `compare`, `compare --json`, `report`; the TUI's first frame (process start to the comparison table's
 rows drawn), how long `q` takes to end it when pressed during its first read and after, and the CPU share
@@ -35,6 +36,7 @@ from offloadlab.results.rundir import DB_NAME, RunDir
 from offloadlab.results.status import Status
 from offloadlab.results.steps import SWAP_EVENT, StepFigures
 from offloadlab.results.store import RunStore, StepRecord
+from offloadlab.results.summary import store_figures
 from offloadlab.telemetry.sampler import GPU_FIELDS
 
 FLUSH_S = 60.0
@@ -167,8 +169,9 @@ def add_strategy(store: RunStore, run_id: int, name: str, shape: Shape, t0: floa
             writer.flush()
             next_flush = writer.t + FLUSH_S
     writer.flush(finished=not running)
-    if not running:
+    if not running:  # as the runner ends a strategy
         store.set_strategy_status(strategy_id, Status.DONE)
+        store_figures(store, strategy_id)
     return writer
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sqlite3
 import sys
@@ -18,7 +19,7 @@ from offloadlab.results.rundir import DB_NAME, RunDir
 from offloadlab.results.status import Status
 from offloadlab.results.steps import FollowedStrategy
 from offloadlab.results.store import RunStore, connect_read_only
-from offloadlab.results.summary import SummaryCache, summarize
+from offloadlab.results.summary import SummaryCache, store_figures, summarize
 from offloadlab_tui.reader import RunReader
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,6 +149,7 @@ def test_readers_cost_follows_the_steps_not_the_samples(tmp_path, monkeypatch):
         assert conn.execute("SELECT COUNT(*) FROM step_telemetry").fetchone()[0] > 0
         conn.execute("DELETE FROM step_telemetry")
         conn.execute("DELETE FROM sample_bins")
+        conn.execute("DELETE FROM strategy_figures")
     (fast / "report.html").unlink()
     work_old, figures_old = _read_everything(fast, monkeypatch)
     assert work_old > 3 * work_fast, (work_fast, work_old)
@@ -173,3 +175,57 @@ def test_the_tuis_longer_windows_are_read_from_the_bins(tmp_path):
     )
     for view in hour.values():
         assert 359 <= len(view.host_cpu_percent.values) <= 361, view.name
+
+
+def test_the_reports_charts_overlay_the_strategies_and_combine_the_gpus(tmp_path):
+    """Two strategies of two hours on 2 GPUs: one chart a metric with both strategies on it, each GPU metric one
+    line a strategy (summed, averaged or the fullest GPU, as the title says), time ticks at round h:mm; the
+    step-time rows share one scale, the start-up's long first step marked above it."""
+    shape = long_run_ui.Shape(("zero3-nvme", "zero2-cpu"), hours=2.0, step_s=60.0, gpus=2, hz=1.0)
+    run_dir = long_run_ui.build(tmp_path, "two-gpus", shape, Console(quiet=True))
+    write_report(run_dir, run_dir / "report.html")
+    page = (run_dir / "report.html").read_text()
+    assert page.count("<svg") == 3 + 6 and "no samples of" not in page
+    for title in ("GPU memory used", "PCIe, sum of 2 GPUs", "GPU utilization, mean of 2 GPUs"):
+        assert title in page, title
+    assert "max of 2 GPUs</text>" in page  # the memory chart's title, after its note
+    for label in ("zero3-nvme: to GPU", "zero2-cpu: to host", "zero3-nvme", "zero2-cpu"):
+        assert f">{label}</text>" in page, label
+    assert all(f">{tick}</text>" in page for tick in ("0:00", "0:30", "1:00", "1:30", "2:00"))
+    # The first step is 8 steps long; the stall line 3 medians: every row's scale ends at 1.1x that line.
+    assert page.count(">1 above the scale (max 480 s)</text>") == 2
+
+
+def test_an_ended_strategys_stored_figures_are_the_ones_its_steps_give(h200_store, tmp_path):
+    """The H200 store was written before figures were stored: read the old way. Its strategies' figures,
+    stored as the runner stores them at a strategy's end, read back equal (every field, floats exact) at a
+    fraction of the work; a strategy whose row changed after (a checkpoint result) is read the old way again."""
+    run_dir = copy_store(h200_store, tmp_path / "stored")
+    with contextlib.closing(RunStore(run_dir)) as store:
+        before = summarize(store)
+        work_before = _work(store, summarize)
+    with contextlib.closing(RunStore(run_dir, create_schema=True)) as store:  # as the runner opens it
+        for row in store.strategies(store.run()["id"]):
+            store_figures(store, row["id"])
+    with contextlib.closing(RunStore(run_dir)) as store:
+        after = summarize(store)
+        work_after = _work(store, summarize)
+    assert [s.name for s in after] == [s.name for s in before] and all(a == b for a, b in zip(after, before))
+    assert work_after < work_before / 5, (work_before, work_after)
+    with contextlib.closing(RunStore(run_dir, writable=True)) as store:
+        changed = store.strategies(store.run()["id"])[0]
+        store.set_checkpoint_result(changed["id"], False, "checked again")
+    with contextlib.closing(RunStore(run_dir)) as store:
+        again = {s.name: s for s in summarize(store)}
+    assert again[changed["name"]].checkpoint_detail == "checked again"
+    assert again[changed["name"]] == dataclasses.replace(before[0], checkpoint_verified=False,
+                                                         checkpoint_detail="checked again")  # fmt: skip
+
+
+def _work(store: RunStore, read) -> int:
+    """SQLite's virtual-machine steps for `read(store)`: the same for the same work on any machine."""
+    steps = [0]
+    store.conn.set_progress_handler(lambda: steps.__setitem__(0, steps[0] + 1) or 0, 100)
+    read(store)
+    store.conn.set_progress_handler(None, 100)
+    return steps[0]

@@ -219,7 +219,8 @@ def test_plan_weighs_a_specs_zenflow_and_writes_it_back(tmp_path):
 
 def test_practicality_falls_back_to_a_stored_run_of_the_same_model_batch_and_gpu(world1, tmp_path):
     """A run without a no-offload strategy is held against the fastest one stored beside it (under the same
-    runs/ folder) for the same model, batch, precision and device; another batch's is never used."""
+    runs/ folder) for the same model, batch (samples a step, however split), precision and device; another
+    batch's is never used."""
     import sqlite3
 
     from offloadlab.results.rundir import DB_NAME
@@ -240,6 +241,13 @@ def test_practicality_falls_back_to_a_stored_run_of_the_same_model_batch_and_gpu
         assert s.practicality_baseline == "base/fsdp2"
         assert s.practicality == pytest.approx(s.tokens_per_s / stored["fsdp2"].tokens_per_s)
     assert "practical: tokens/s over base/fsdp2's" in cli("compare", str(own)).stdout
+    # The same batch split otherwise (4 x 1 for 2 x 2: autotune picks a split per configuration) is the
+    # same batch: that run, ten times as fast, is now the baseline.
+    with sqlite3.connect(other / DB_NAME) as conn:
+        conn.execute("UPDATE runs SET spec_toml = replace(spec_toml, 'micro_batch = 3', 'micro_batch = 4')")
+        conn.execute("UPDATE runs SET spec_toml = replace(spec_toml, 'grad_accum = 2', 'grad_accum = 1')")
+    again = summarize(RunStore(own), SummaryCache())
+    assert {s.practicality_baseline for s in again} == {"other-batch/fsdp2"}
 
 
 @pytest.mark.slow

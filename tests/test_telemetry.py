@@ -268,9 +268,13 @@ def test_report_has_a_chart_per_strategy_and_metric(swapping_run, tmp_path):
     for header in ("bound by", "of GPU/RAM", "comm/step", "SSD writes", "PCIe GB/s", "checkpoint"):
         assert header in page, header
     assert page.count("<td>done</td>") == 2 and page.count("<td>verified</td>") == 2
-    # Legends name the strategies (loss) and the lines (read / write); host RSS is drawn against the RAM.
-    for label in ("zero3-nvme", "fsdp2-cpu-offload", "read", "write", "RAM", "stall line", "optimizer", "NVMe wait"):
+    # Legends name the strategies (loss) and each strategy's lines (read / write on one axes); host RSS
+    # is drawn on the machine's RAM, named beside it as above the scale (a line there flattened the RSS).
+    for label in ("zero3-nvme", "fsdp2-cpu-offload", "zero3-nvme: read", "fsdp2-cpu-offload: write", "stall line",
+                  "optimizer", "NVMe wait"):  # fmt: skip
         assert f">{label}</text>" in page, label  # text drawn as text
+    ram = summarize(RunStore(swapping_run))[0].host_memory_bytes / 2**30
+    assert f">RAM {ram:.3g} GiB, above the scale</text>" in page
 
 
 def test_the_report_draws_the_budget_the_link_and_the_plan_of_an_h200_run(tmp_path):

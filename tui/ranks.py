@@ -14,6 +14,7 @@ import psutil
 
 from offloadlab.results.figures import MODEL_FACTS_EVENT, RANK_PROCESS_EVENT, ModelFacts, RankProcess
 from offloadlab.results.status import Status
+from offloadlab.results.steps import TELEMETRY_NOTE
 from offloadlab.results.store import RunStore
 
 from .reader import read_store
@@ -71,7 +72,7 @@ class RanksReader:
         if not started:
             return None
         row = next((r for r in started if Status(r["status"]) is Status.RUNNING), started[-1])
-        notes = [e["detail"] for e in store.events(row["id"], "telemetry_note")]
+        notes = [e["detail"] for e in store.events(row["id"], TELEMETRY_NOTE)]
         gpu_note = next((n for n in notes if n.startswith("GPU fields absent")), None)
         return RanksView(
             self.run_dir,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import sqlite3
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 from offloadlab.results.figures import steady_state
 from offloadlab.results.rundir import DB_NAME
 from offloadlab.results.status import Status
-from offloadlab.results.steps import FollowedStrategy
+from offloadlab.results.steps import TELEMETRY_NOTE
 from offloadlab.results.store import BIN_WIDTHS_S, RunStore, StoreError, TunePoint, runs_in
 from offloadlab.results.summary import StrategySummary, SummaryCache, summarize
 
@@ -168,10 +167,6 @@ def _eta(summary: StrategySummary) -> float | None:
     return summary.mean_step_time_s * max(0, summary.steps_planned - summary.steps_done)
 
 
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
 SAMPLED = {
     "pcie_tx_bytes_per_s": "gpu%.pcie_tx(B/s)",
     "pcie_rx_bytes_per_s": "gpu%.pcie_rx(B/s)",
@@ -220,29 +215,32 @@ def _finished_series(store: RunStore, strategy_id: int, pattern: str, steady: li
 
 def _strategy_view(
     store: RunStore,
-    followed: FollowedStrategy,
+    strategy_id: int,
+    steps: list,
+    notes: list[str],
     summary: StrategySummary,
     windows: dict[str, SampleWindow],
     window_s: float,
 ) -> StrategyView:
     finished = summary.status.finished
-    steps = followed.rank0
-    steady = steady_state(steps)
+    steady = steady_state(steps) if finished else []  # a finished strategy's windows end at its last step
     shown = steps[-WINDOW_STEPS:]
 
     def sampled(field: str) -> Series:
         if finished:
-            return _finished_series(store, followed.strategy_id, SAMPLED[field], steady, window_s)
-        return Series.of(windows[field].update(store, followed.strategy_id), False, None)
+            return _finished_series(store, strategy_id, SAMPLED[field], steady, window_s)
+        return Series.of(windows[field].update(store, strategy_id), False, None)
 
-    allocated = [float(r.peak_allocated_bytes) for r in steps if r.peak_allocated_bytes is not None]
+    # Only the shown steps are walked: the figures over every steady step are the summary's (a poll of a
+    # day-long run walked all of its steps again here).
+    allocated = [float(r.peak_allocated_bytes) for r in shown if r.peak_allocated_bytes is not None]
     return StrategyView(
         summary=summary,
-        step_time_s=Series.of([r.step_time_s for r in shown], finished, _mean([r.step_time_s for r in steady])),
+        step_time_s=Series.of([r.step_time_s for r in shown], finished, summary.mean_step_time_s),
         tokens_per_s=Series.of([r.tokens_per_s for r in shown], finished, summary.tokens_per_s),
-        gpu_allocated_bytes=Series.of(allocated[-WINDOW_STEPS:], finished, summary.peak_allocated_bytes),
+        gpu_allocated_bytes=Series.of(allocated, finished, summary.peak_allocated_bytes),
         **{field: sampled(field) for field in SAMPLED},
-        telemetry_notes=[row["detail"] for row in followed.events.get("telemetry_note", [])],
+        telemetry_notes=notes,
         eta_s=_eta(summary),
         window_s=window_s,
     )
@@ -285,7 +283,14 @@ class RunReader:
             windows = self._windows.setdefault(
                 summary.name, {f: SampleWindow(p, self.window_s) for f, p in SAMPLED.items()}
             )
-            view = _strategy_view(store, self._cache.strategies[ids[summary.name]], summary, windows, self.window_s)
+            strategy_id = ids[summary.name]
+            followed = self._cache.strategies.get(strategy_id)
+            if followed is not None:
+                steps, notes = followed.rank0, followed.events.get(TELEMETRY_NOTE, [])
+            else:  # summarized from its stored figures: read once, its view is kept
+                steps, notes = store.steps(strategy_id, rank=0), store.events(strategy_id, TELEMETRY_NOTE)
+            notes = [row["detail"] for row in notes]
+            view = _strategy_view(store, strategy_id, steps, notes, summary, windows, self.window_s)
             if summary.status.finished:
                 self._finished[summary.name] = view
             views.append(view)

@@ -136,9 +136,12 @@ class DashboardScreen(PollingScreen):
         return f"no runs under {self.app.root} yet: start one with `offloadlab run SPEC` or press r, then s"
 
     async def show(self, result: RunView) -> None:
+        # The table first: on the first read, mounting the panels (a few hundred widgets to style) took
+        # longer than the read, and the table already holds every strategy's figures.
         self.query_one(RunHeader).show(result)
-        await self._show_panels(result)
         self.query_one(CompareTable).show(result)
+        self.refresh()
+        await self._show_panels(result)
 
     async def _show_panels(self, view: RunView) -> None:
         box = self.query_one("#panels", VerticalScroll)

@@ -1,6 +1,6 @@
 """`offloadlab report RUN_DIR`: one self-contained HTML page (matplotlib's SVG inline, no scripts, no network)
-with compare's table, where each strategy's step goes, its loss and step times, and per metric its samples
-against the machine's capacity, the strategies in rows on one scale."""
+with compare's table, where each strategy's step goes, its loss and step times (rows on one scale), and a
+chart per metric with every strategy on it against the machine's capacity."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MultipleLocator
 
 from offloadlab.results.figures import STALL_FACTOR
 from offloadlab.results.store import RunStore
-from offloadlab.results.summary import StrategySummary, SummaryCache, summarize
+from offloadlab.results.summary import StrategySummary, SummaryCache, rank0_steps, summarize
 from offloadlab.results.tables import COLUMNS
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -32,7 +32,7 @@ GAP_PERIODS = 3
 """A bin is at least this many sampling periods wide, so an empty bin is a real gap in the samples (drawn
 as a break in the line), not a bin that fell between two samples."""
 STEP_MARKS = 60
-"""Step boundaries are marked on the time axes of runs with at most this many steps."""
+"""Each step is drawn as a dot on runs of at most this many steps."""
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,11 @@ class Panel:
     scale: float
     """Divide values by this for display (1e9 for GB/s)."""
     metrics: tuple[tuple[str, str], ...]
-    """(sample metric LIKE pattern, legend label): one line each, and one per GPU of a gpu% pattern."""
+    """(sample metric LIKE pattern, legend label): a line each per strategy."""
     capacities: Callable[[StrategySummary], list[tuple[float | None, str]]] = lambda s: []
     """(value in the panel's unit before scaling, legend label) of each capacity drawn as a dashed line."""
+    over_gpus: str = "sum"
+    """How a gpu% pattern's GPUs make one line: "sum", "mean" or "max" (named in the chart's title)."""
 
 
 def _gpu_memory(s: StrategySummary) -> list[tuple[float | None, str]]:
@@ -69,6 +71,7 @@ PANELS = (
         2**30,
         (("gpu%.mem_used(B)", "used"),),
         _gpu_memory,
+        over_gpus="max",
     ),
     Panel("PCIe", "GB/s", 1e9, (("gpu%.pcie_rx(B/s)", "to GPU"), ("gpu%.pcie_tx(B/s)", "to host")), _pcie_link),
     Panel("NVMe device", "GB/s", 1e9, (("disk.read(B/s)", "read"), ("disk.write(B/s)", "write")), _tuned_drive),
@@ -80,7 +83,7 @@ PANELS = (
         lambda s: [(s.host_memory_bytes, "RAM")],
     ),
     Panel("host CPU", "%", 1.0, (("host.cpu(%)", "all cores"),)),
-    Panel("GPU utilization", "%", 1.0, (("gpu%.util(%)", "util"),)),
+    Panel("GPU utilization", "%", 1.0, (("gpu%.util(%)", "util"),), over_gpus="mean"),
 )
 
 
@@ -103,92 +106,123 @@ def _figure(rows: int, height: float = 1.7) -> tuple[Figure, list]:
 
 
 def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dict, steps_of: dict) -> Figure | None:
-    """One row per strategy that has samples of the panel's metrics, all on one y scale so rows compare, x
-    in time from the strategy's first step (startup is left of zero; steps are marked on short runs).
-    None: no strategy has any, and the panel is left out."""
-    lines_of = {}
-    for row in strategies:
-        lines = [
-            (label, color, metric, points)
-            for (pattern, label), color in zip(panel.metrics, COLORS)
-            for metric, points in store.binned_samples(row["id"], pattern, MAX_POINTS, GAP_PERIODS).items()
-        ]
-        if lines:
-            lines_of[row["id"]] = lines
-    drawn = [row for row in strategies if row["id"] in lines_of]
-    if not drawn:
-        return None
-    fig, axes = _figure(len(drawn))
-    for ax in axes[1:]:
-        ax.sharey(axes[0])
-    span = 0.0
-    for ax, row in zip(axes, drawn):
+    """Every strategy's samples of the panel's metrics on one axes, a colour each (the loss chart's), x in
+    time from each strategy's first step (startup is left of zero), so hours of runs compare at a glance.
+    A metric of every GPU is one line, combined over the GPUs as the title says. A capacity far above
+    the data is named in the legend, not drawn (it flattened the lines). None: no samples, no chart."""
+    series, gpus = [], 0
+    for i, row in enumerate(strategies):
         steps = steps_of[row["id"]]
-        ax.set_title(row["name"], loc="left", fontsize=9)
-        ax.set_ylabel(panel.unit, fontsize=8)
-        ax.tick_params(labelsize=7)
-        lines = lines_of[row["id"]]
-        origin = steps[0].t_start if steps else lines[0][3][0][0]
-        per_gpu = len({metric for _, _, metric, _ in lines}) > len(panel.metrics)
-        for label, color, metric, points in lines:
-            x = np.array([t - origin for t, _ in points])
-            y = np.array([np.nan if v is None else v / panel.scale for _, v in points])  # NaN: a break
-            gpu = metric.split(".")[0]
-            name = f"{label}, {gpu}" if per_gpu else label  # one line per GPU
-            ax.plot(x, y, "-" if gpu in ("gpu0", "disk", "host") else ":", color=color, linewidth=1.2, label=name)
-            span = max(span, x[-1])
-        summary = summaries.get(row["name"])
-        for (capacity, label), color in zip(panel.capacities(summary) if summary else [], COLORS):
-            if capacity:
-                ax.axhline(capacity / panel.scale, color=color, linestyle="--", linewidth=0.8, label=label)
-        if steps and len(steps) <= STEP_MARKS:
-            for r in steps:
-                ax.axvline(r.t_start - origin, color="#dddddd", linewidth=0.5, zorder=0)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside, not over
-        ax.set_ylim(bottom=0)
-    clock = _clock_axis(span)
-    for ax in axes:
-        ax.xaxis.set_major_formatter(clock)
-    axes[-1].set_xlabel(f"time from the first step ({clock.unit}; startup is left of 0)", fontsize=8)
-    fig.subplots_adjust(right=0.8)  # the legends
+        for j, (pattern, label) in enumerate(panel.metrics):
+            binned = store.binned_samples(row["id"], pattern, MAX_POINTS, GAP_PERIODS)
+            if binned:
+                gpus = max(gpus, len(binned)) if pattern.startswith("gpu%") else gpus
+                x, y = _combined(list(binned.values()), panel.over_gpus)
+                origin = steps[0].t_start if steps else x[0]
+                series.append((i, row["name"], j, label, x - origin, y / panel.scale))
+    if not series:
+        return None
+    fig, (ax,) = _figure(1, 2.4)
+    several = len(panel.metrics) > 1
+    for i, name, j, label, x, y in series:
+        ax.plot(x, y, DASHES[j % len(DASHES)], color=COLORS[i % len(COLORS)], linewidth=1.2,
+                label=f"{name}: {label}" if several else name)  # fmt: skip
+    top = max(float(np.nanmax(y)) if np.isfinite(y).any() else 0.0 for *_, y in series)
+    for k, (capacity, label) in enumerate(_capacities(panel, [summaries.get(n) for _, n, *_ in series])):
+        value = capacity / panel.scale
+        shown = value <= 2.5 * top or not top
+        ax.plot([], [], ":" if k % 2 else "--", color="#555555", linewidth=0.9,
+                label=f"{label} {value:.3g} {panel.unit}" + ("" if shown else ", above the scale"))  # fmt: skip
+        if shown:
+            ax.axhline(value, color="#555555", linestyle=":" if k % 2 else "--", linewidth=0.9)
+    how = f", {panel.over_gpus} of {gpus} GPUs" if gpus > 1 else ""
+    ax.set_title(f"{panel.title}{how}", loc="left", fontsize=9)
+    ax.set_ylabel(panel.unit, fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.set_ylim(bottom=0)
+    unit = _time_axis(ax, max(float(x[-1]) for *_, x, _ in series))
+    ax.set_xlabel(f"time from each strategy's first step ({unit}; startup is left of 0)", fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside, not over
+    fig.subplots_adjust(right=0.72)
     return fig
 
 
-def _clock_axis(span_s: float) -> FuncFormatter:
-    """Seconds as h:mm on runs of an hour or more, m:ss below."""
-    if span_s >= 3600:
-        clock = FuncFormatter(
-            lambda x, _: f"{'-' if x < 0 else ''}{int(abs(x) // 3600)}:{int(abs(x) % 3600 // 60):02d}"
-        )
-        clock.unit = "h:mm"
-    else:
-        clock = FuncFormatter(lambda x, _: f"{'-' if x < 0 else ''}{int(abs(x) // 60)}:{int(abs(x) % 60):02d}")
-        clock.unit = "m:ss"
-    return clock
+def _combined(lines: list[list[tuple[float, float | None]]], how: str) -> tuple[np.ndarray, np.ndarray]:
+    """One line of several metrics' bins (a GPU each): (x, y) on the first's bin centres, NaN in a gap."""
+    x = np.array([t for t, _ in lines[0]])
+    ys = []
+    for points in lines:
+        t = np.array([t for t, _ in points])
+        v = np.array([np.nan if v is None else v for _, v in points])
+        ys.append(v if len(t) == len(x) and np.allclose(t, x) else np.interp(x, t, v))
+    return x, getattr(np, how)(np.vstack(ys), axis=0)
+
+
+def _capacities(panel: Panel, summaries: list) -> list[tuple[float, str]]:
+    """The capacities of the strategies' machines (the same machine: drawn once), in order."""
+    seen: dict[tuple[float, str], None] = {}
+    for summary in summaries:
+        for capacity, label in panel.capacities(summary) if summary else []:
+            if capacity:
+                seen.setdefault((capacity, label))
+    return list(seen)
+
+
+TICK_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+"""Seconds between time ticks, the first that gives at most 8 (5:00, 10:00 or 1:00, 2:00; not 1:23, 2:46)."""
+
+
+def _time_axis(ax, span_s: float) -> str:
+    """Ticks at round times, labelled h:mm on runs of an hour or more, m:ss below; returns which."""
+    step = next((s for s in TICK_STEPS_S if span_s / s <= 8), TICK_STEPS_S[-1])
+    ax.xaxis.set_major_locator(MultipleLocator(step))
+    hours = span_s >= 3600
+    size, small = (3600, 60) if hours else (60, 1)
+    sign = lambda x: "-" if x < 0 else ""  # noqa: E731
+    ax.xaxis.set_major_formatter(
+        FuncFormatter(lambda x, _: f"{sign(x)}{int(abs(x) // size)}:{int(abs(x) % size // small):02d}")
+    )
+    return "h:mm" if hours else "m:ss"
 
 
 def step_time_chart(strategies: list, summaries: dict, steps_of: dict) -> Figure:
-    """Each strategy's step times on its own scale, with its median and the stall line (3x the median)."""
+    """Each strategy's step times in its own row, every row on one scale so they compare, with its median and
+    the stall line (3x the median). The scale ends a little above the highest stall line (or slowest step):
+    a step above it (a start-up, a stall of minutes) is a red mark at the top, counted in the legend."""
     fig, axes = _figure(len(strategies), 1.4)
+    top = 1.1 * max((_natural_top(steps_of[r["id"]], summaries[r["name"]]) for r in strategies), default=1.0)
     for ax, row in zip(axes, strategies):
         steps = steps_of[row["id"]]
         ax.set_title(row["name"], loc="left", fontsize=9)
         ax.tick_params(labelsize=7)
         ax.set_ylabel("s", fontsize=8)
+        ax.set_ylim(0, top)
         if not steps:
             ax.text(0.5, 0.5, "no steps", transform=ax.transAxes, ha="center", color="#888888")
             continue
         marker = "." if len(steps) <= STEP_MARKS else ""  # thousands of dots are one smear
-        ax.plot([r.step for r in steps], [r.step_time_s for r in steps], marker + "-", color=COLORS[0], linewidth=1,
-                markersize=2, label="step time")  # fmt: skip
+        x = np.array([r.step for r in steps])
+        y = np.array([r.step_time_s for r in steps])
+        ax.plot(x, np.minimum(y, top), marker + "-", color=COLORS[0], linewidth=1, markersize=2, label="step time")
+        above = y > top
+        if above.any():
+            ax.plot(x[above], np.full(above.sum(), top), "^", color="#d62728", markersize=4, clip_on=False,
+                    label=f"{above.sum()} above the scale (max {y.max():.3g} s)")  # fmt: skip
         median = summaries[row["name"]].median_step_time_s
         if median:
             ax.axhline(median, color="#2ca02c", linewidth=0.8, label=f"median {median:.3g} s")
             ax.axhline(STALL_FACTOR * median, color="#d62728", linestyle="--", linewidth=0.8, label="stall line")
-        ax.legend(fontsize=7, loc="upper right")
-        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     axes[-1].set_xlabel("step", fontsize=8)
+    fig.subplots_adjust(right=0.72)
     return fig
+
+
+def _natural_top(steps: list, summary: StrategySummary) -> float:
+    """Where a strategy's row would end on its own: its slowest step, or its stall line if a stall is higher."""
+    slowest = max((r.step_time_s for r in steps), default=0.0)
+    median = summary.median_step_time_s
+    return min(slowest, STALL_FACTOR * median) if median else slowest
 
 
 def loss_chart(strategies: list, steps_of: dict) -> Figure:
@@ -272,7 +306,7 @@ def write_report(run_dir: Path, out: Path, png_dir: Path | None = None) -> list[
     cache = SummaryCache()
     summaries = summarize(store, cache)
     by_name = {s.name: s for s in summaries}
-    steps_of = {row["id"]: cache.strategies[row["id"]].rank0 for row in strategies}  # read once, for every chart
+    steps_of = {row["id"]: rank0_steps(store, cache, row["id"]) for row in strategies}  # read once, for every chart
     charts = {
         "where the step goes": phase_chart(summaries),
         "loss per step": loss_chart(strategies, steps_of),

@@ -60,6 +60,8 @@ class SampledSeries:
 # What the engines time inside a step (engines.base.PhaseTimer), in the order they run.
 PHASES = ("forward", "backward", "optimizer")
 # A step's NVMe swaps on one rank (train.swap_meter): bytes read and written, and the time waited on them.
+TELEMETRY_NOTE = "telemetry_note"
+"""What the sampler could not measure (no NVML, no block device for the path), said once per strategy."""
 SWAP_EVENT = "swap"
 # The sampler's series the per-step figures are computed from.
 SERIES = {

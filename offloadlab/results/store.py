@@ -127,6 +127,11 @@ CREATE TABLE IF NOT EXISTS step_telemetry (     -- a step's figures from the sam
     pcie_rx_bytes_per_s REAL,
     PRIMARY KEY (strategy_id, step)
 );
+CREATE TABLE IF NOT EXISTS strategy_figures (   -- a strategy's own figures, written once it has ended
+    strategy_id INTEGER PRIMARY KEY REFERENCES strategies(id),
+    written_for TEXT NOT NULL,                    -- its strategies row then, as JSON: not its figures if it changed
+    figures TEXT NOT NULL                         -- summary.StrategySummary's fields, as JSON
+);
 CREATE TABLE IF NOT EXISTS sample_bins (        -- each metric's samples per bin of time, kept as they are written
     strategy_id INTEGER NOT NULL REFERENCES strategies(id),
     metric TEXT NOT NULL,
@@ -431,6 +436,11 @@ class RunStore:
                 "INSERT OR REPLACE INTO step_telemetry VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(strategy_id, step, *astuple(f)) for step, f in figures.items()],
             )
+
+    def put_strategy_figures(self, strategy_id: int, written_for: str, figures: str) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO strategy_figures VALUES (?, ?, ?)", (strategy_id, written_for, figures)
+        )
 
     def upsert_tune_points(self, run_id: int, points: list[TunePoint]) -> None:
         """Write points as `tune` measures them; a point written again (more repeats, final flags) replaces its row."""
@@ -754,6 +764,15 @@ class RunStore:
             "SELECT * FROM step_telemetry WHERE strategy_id = ? AND step > ? ORDER BY step", (strategy_id, after_step)
         )
         return {r["step"]: StepTelemetry(*tuple(r)[2:]) for r in rows}
+
+    def strategy_figures(self, strategy_id: int) -> tuple[str, str] | None:
+        """(written_for, figures) as put_strategy_figures stored them; None if not (or a store before them)."""
+        if "strategy_figures" not in self._tables:
+            return None
+        row = self.conn.execute(
+            "SELECT written_for, figures FROM strategy_figures WHERE strategy_id = ?", (strategy_id,)
+        ).fetchone()
+        return None if row is None else tuple(row)
 
     def tune_points(self, run_id: int) -> list[TunePoint]:
         """Best score first."""

@@ -170,6 +170,21 @@ class StrategySummary:
         name = max(self.phase_seconds, key=self.phase_seconds.get)
         return (name, self.phase_seconds[name] / total) if total > 0 else None
 
+    def stored(self) -> str:
+        """Its fields as JSON, as store_figures keeps them (floats round-trip exactly)."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_stored(cls, text: str) -> "StrategySummary":
+        raw = json.loads(text)
+        planned = raw["planned"]
+        if planned is not None:
+            link = planned["pcie_link_gbps"]
+            raw["planned"] = Planned(**{**planned, "pcie_link_gbps": tuple(link) if link else None})
+        for name in ("tuned_drive_gbps", "cpu_cores", "tensors_on_nvme"):  # JSON has lists only
+            raw[name] = None if raw[name] is None else tuple(raw[name])
+        return cls(**{**raw, "status": Status(raw["status"])})
+
     def as_dict(self) -> dict:
         bound = self.bound_by
         return {
@@ -208,6 +223,13 @@ class SummaryCache:
         return followed
 
 
+def rank0_steps(store: RunStore, cache: SummaryCache, strategy_id: int) -> list:
+    """A strategy's rank-0 steps: as the cache followed them, or read (a strategy summarized from its stored
+    figures was not followed)."""
+    followed = cache.strategies.get(strategy_id)
+    return followed.rank0 if followed is not None else store.steps(strategy_id, rank=0)
+
+
 def _mean_by_phase(steps: list[dict[str, float]]) -> dict[str, float] | None:
     return {name: statistics.fmean(spent[name] for spent in steps) for name in steps[0]} if steps else None
 
@@ -241,26 +263,70 @@ def summarize(store: RunStore, cache: SummaryCache | None = None) -> list[Strate
         status, reason = Status(row["status"]), row["reason"]
         if died and status.unfinished:
             status, reason = Status.FAILED, f"{Status.INTERRUPTED}: {DIED_REASON}"
-        followed = cache.follow(store, row["id"], finished=status.finished)
         strategy = strategy_from_store(json.loads(row["config_json"]))
-        # A strategy that wrote nothing since the last read (a finished one, all through a long run's
-        # polls) keeps its figures: only new steps, samples or events change them.
-        key = (tuple(row), status, reason, followed.version)
-        kept = cache.summaries.get(row["id"])
-        summary = kept[1] if kept and kept[0] == key else _summary(row, status, reason, followed, strategy)
-        cache.summaries[row["id"]] = (key, summary)
+        summary = _stored_summary(store, row, cache) if status.finished else None
+        if summary is None:
+            followed = cache.follow(store, row["id"], finished=status.finished)
+            # A strategy that wrote nothing since the last read (a finished one, all through a long run's
+            # polls) keeps its figures: only new steps, samples or events change them.
+            key = (tuple(row), status, reason, followed.version)
+            kept = cache.summaries.get(row["id"])
+            summary = kept[1] if kept and kept[0] == key else _summary(row, status, reason, followed, strategy)
+            cache.summaries[row["id"]] = (key, summary)
         out.append(summary)
         offloads[row["name"]] = strategy.offloads if strategy else None
     if not any(offloads[s.name] is False and s.status is Status.DONE and s.tokens_per_s for s in out):
         if cache.stored_baseline is None:
-            facts = next((_model_facts(f) for f in cache.strategies.values() if _model_facts(f)), None)
+            facts = _first_model_facts(store, run["id"])
             cache.stored_baseline = (stored_baseline(store, facts),) if facts else None
     return _against_each_other(out, offloads, cache.stored_baseline[0] if cache.stored_baseline else None)
 
 
-def _batch(spec_toml: str) -> tuple:
+def store_figures(store: RunStore, strategy_id: int) -> None:
+    """A strategy's own figures, kept in the store once it has ended and nothing more is written for it
+    (the runner calls this last): readers then take them from one row, not from its steps, events and
+    samples (a day of steps on 8 ranks is 35k step rows, and the events as many again)."""
+    row = store.strategy(strategy_id)
+    followed = FollowedStrategy(strategy_id)
+    followed.update(store, finished=True)
+    strategy = strategy_from_store(json.loads(row["config_json"]))
+    summary = _summary(row, Status(row["status"]), row["reason"], followed, strategy)
+    store.put_strategy_figures(strategy_id, _written_for(row), summary.stored())
+
+
+def _written_for(row: sqlite3.Row) -> str:
+    return json.dumps(tuple(row))
+
+
+def _stored_summary(store: RunStore, row: sqlite3.Row, cache: SummaryCache) -> StrategySummary | None:
+    """The figures store_figures kept for this row as it is now; None where there are none (a store written
+    before them, a run killed before the strategy's end) or the row has changed since."""
+    key = ("stored", tuple(row))
+    kept = cache.summaries.get(row["id"])
+    if kept and kept[0] == key:
+        return kept[1]
+    stored = store.strategy_figures(row["id"])
+    if stored is None or stored[0] != _written_for(row):
+        return None
+    summary = StrategySummary.from_stored(stored[1])
+    cache.summaries[row["id"]] = (key, summary)
+    return summary
+
+
+def _first_model_facts(store: RunStore, run_id: int) -> figures.ModelFacts | None:
+    for row in store.strategies(run_id):
+        events = store.events(row["id"], figures.MODEL_FACTS_EVENT, rank=0)
+        if events:
+            return figures.ModelFacts(**json.loads(events[0]["detail"]))
+    return None
+
+
+def _batch(spec_toml: str) -> int | None:
+    """Samples per optimizer step over all ranks: another split of the same batch (a micro-batch of 32 x 2
+    for one of 64 x 1, as autotune picks per configuration) trains the same tokens a step."""
     raw = tomllib.loads(spec_toml)
-    return raw.get("micro_batch"), raw.get("grad_accum", 1), raw.get("nproc", 1)
+    micro_batch = raw.get("micro_batch")
+    return None if micro_batch is None else micro_batch * raw.get("grad_accum", 1) * raw.get("nproc", 1)
 
 
 def stored_baseline(store: RunStore, facts: figures.ModelFacts) -> tuple[float, str] | None:
@@ -281,7 +347,9 @@ def stored_baseline(store: RunStore, facts: figures.ModelFacts) -> tuple[float, 
     return best
 
 
-def _fastest_without_offload(store: RunStore, facts: figures.ModelFacts, batch: tuple) -> tuple[float, str] | None:
+def _fastest_without_offload(
+    store: RunStore, facts: figures.ModelFacts, batch: int | None
+) -> tuple[float, str] | None:
     try:
         run = store.run()
         if _batch(run["spec_toml"]) != batch:

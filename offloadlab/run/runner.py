@@ -45,7 +45,7 @@ from offloadlab.results.figures import MODEL_FACTS_EVENT, RANK_PROCESS_EVENT, Mo
 from offloadlab.results.rundir import RunDir, RunDirError, is_disk_full, signals_ignored
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore, StoreError, is_run_store
-from offloadlab.results.summary import Planned, record_plan
+from offloadlab.results.summary import Planned, record_plan, store_figures
 from offloadlab.results.tables import SWAPPED_NOTHING_WHY, human_bytes
 from offloadlab.run.preflight import check_fits, preflight_run
 from offloadlab.spec import RunSpec, SpecError
@@ -326,6 +326,8 @@ class Runner:
             self._clean(job)
         row = self.store.strategy(job.strategy_id)
         status = Status(row["status"])
+        if status.finished:  # nothing more is written for it: compare, report and the TUI read these figures
+            store_figures(self.store, job.strategy_id)
         progress.update(task, description=f"{job.name:<18} [{status.style}]{status.label}[/]")
         progress.stop_task(task)  # its clock stops with it, done or failed
         if not self.console.is_terminal:

@@ -28,7 +28,7 @@ from typing import Callable, Protocol
 
 import psutil
 
-from offloadlab.results.steps import StepFigures
+from offloadlab.results.steps import TELEMETRY_NOTE, StepFigures
 from offloadlab.results.store import RunStore
 from offloadlab.telemetry.block_devices import BlockDevices, read_diskstats, resolve_block_devices
 
@@ -140,7 +140,7 @@ class Sampler:
 
     def _loop(self) -> None:
         store = RunStore(self.run_dir, writable=True)
-        store.add_events(self.strategy_id, None, [(None, "telemetry_note", time.time(), None, n) for n in self.notes])
+        store.add_events(self.strategy_id, None, [(None, TELEMETRY_NOTE, time.time(), None, n) for n in self.notes])
         steps = StepFigures(self.strategy_id)
         pending: list[tuple] = []
         last_flush = time.time()
