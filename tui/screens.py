@@ -23,7 +23,16 @@ from offloadlab.results.status import Status
 from . import processes
 from .ranks import RanksReader, RanksView
 from .reader import WINDOWS_S, ReaderError, RunReader, RunView, TuneView, find_runs, latest, read_tune, when
-from .widgets import CompareTable, GpuTable, RankTable, RunHeader, StrategyPanel, TuneHeatmap, top_points_table
+from .widgets import (
+    CompareTable,
+    GpuTable,
+    RankTable,
+    RunHeader,
+    StrategyPanel,
+    TuneHeatmap,
+    show_content,
+    top_points_table,
+)
 
 
 class PollingScreen(Screen):
@@ -97,7 +106,7 @@ class PollingScreen(Screen):
 
     def say(self, message: str | None) -> None:
         box = self.query_one("#message", Static)
-        box.update(message or "")
+        show_content(box, message or "")
         box.display = bool(message)
 
 
@@ -178,7 +187,9 @@ class DashboardScreen(PollingScreen):
             panel.display = panel.strategy_name in running or panel.strategy_name == opened
         folded = sum(not p.display for p in panels)
         hint = self.query_one("#collapsed", Static)
-        hint.update(f"{folded} more in the table: tab to it, then ↑↓ to open a strategy's panel" if folded else "")
+        show_content(
+            hint, f"{folded} more in the table: tab to it, then ↑↓ to open a strategy's panel" if folded else ""
+        )
         hint.display = bool(folded)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:

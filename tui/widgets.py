@@ -53,6 +53,13 @@ def status_text(summary: StrategySummary, with_reason: bool = True) -> Text:
     return Text(status, style=summary.status.style)
 
 
+def show_content(widget: Static, content: str | Text) -> None:
+    """Static.update lays the screen out again whether or not its content changed: each poll of a long
+    run re-laid out the dashboard for every line it rewrote unchanged. Only a change is shown."""
+    if widget.content != content:
+        widget.update(content)
+
+
 class MetricSpark(Vertical):
     """A titled sparkline of a window of values, with the figure (latest, or steady once finished) and the
     window's min and max, or a note saying why there is no data."""
@@ -75,15 +82,15 @@ class MetricSpark(Vertical):
     def show(self, series: Series, fmt: Callable[[float], str], finished: bool, absent: str = "no data yet") -> None:
         self.spark.data = series.values
         if not series.values or series.figure is None:
-            self.value.update(absent)
-            self.range.update("")
+            show_content(self.value, absent)
+            show_content(self.range, "")
             return
         # What the figure is: the latest value while the strategy runs, the mean of its steady steps after.
-        self.value.update(f"{fmt(series.figure)} {'mean' if finished else 'now'}")
+        show_content(self.value, f"{fmt(series.figure)} {'mean' if finished else 'now'}")
         low, high = fmt(min(series.values)), fmt(max(series.values))
         if " " in low and low.rsplit(" ", 1)[1] == high.rsplit(" ", 1)[-1]:
             low = low.rsplit(" ", 1)[0]  # the unit once: "0.00 .. 0.01 GB/s" fits a quarter of 80 columns
-        self.range.update(f"{low} .. {high}")
+        show_content(self.range, f"{low} .. {high}")
 
 
 PHASE_STYLES = {"forward": "blue", "backward": "magenta", "optimizer": "yellow", "other": "bright_black"}
@@ -176,13 +183,13 @@ class StrategyPanel(Vertical):
         if view.eta_s is not None:
             progress += f", ETA {hours_minutes(view.eta_s)}"
         title = Text.assemble((s.name, "bold"), f"  {s.engine}  ", status_text(s), f"  {progress}")
-        self.heading.update(title)
+        show_content(self.heading, title)
         self.set_class(s.status is Status.RUNNING, "-running")
         self.set_class(s.status in (Status.DOES_NOT_FIT, Status.FAILED), "-failed")
-        self.phases.update(phase_bar(s))
+        show_content(self.phases, phase_bar(s))
         self.phases.display = s.phase_seconds is not None
         capacity = capacity_line(s)
-        self.capacity.update(capacity)
+        show_content(self.capacity, capacity)
         self.capacity.display = bool(capacity.plain)
         # No GPU: its three series are left out rather than drawn flat.
         for key in ("gpu", "tx", "rx"):
@@ -190,8 +197,8 @@ class StrategyPanel(Vertical):
 
         done = s.status.finished
         window = f"{view.window_s / 60:.0f} min" if view.window_s < 3600 else f"{view.window_s / 3600:.0f} h"
-        self.windows.update(
-            Text(f"step series: the last {WINDOW_STEPS} steps · sampled: the last {window} (w)", "dim")
+        show_content(
+            self.windows, Text(f"step series: the last {WINDOW_STEPS} steps · sampled: the last {window} (w)", "dim")
         )
         self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s", done)
         self.metrics["tps"].show(view.tokens_per_s, lambda v: f"{v:,.0f}", done)
@@ -227,7 +234,7 @@ class RunHeader(Static):
                 seconds, unknown = view.eta
                 more = f" + {unknown} strateg{'ies' if unknown > 1 else 'y'} without a plan" if unknown else ""
                 text.append(f"; run ETA {hours_minutes(seconds)}{more}", style="cyan")
-        self.update(text)
+        show_content(self, text)
 
 
 class CompareTable(DataTable):
