@@ -233,8 +233,11 @@ def report(run_dir: Path, out: Path | None, png_dir: Path | None) -> None:
     """Write a self-contained HTML report with plots of every strategy side by side."""
     from offloadlab.checks.host import check_file_to_write, check_folder_to_write
     from offloadlab.results.report import write_report
+    from offloadlab.results.store import RunStore
 
     out = out or run_dir / "report.html"
+    with _reading_store(run_dir), contextlib.closing(RunStore(run_dir)) as store:
+        store.run()  # a folder that holds no readable run is refused before anything is made
     with _refusing_bad_input():
         check_file_to_write(out, "report")  # before the plots are drawn
         if png_dir is not None:

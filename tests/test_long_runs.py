@@ -229,3 +229,19 @@ def _work(store: RunStore, read) -> int:
     read(store)
     store.conn.set_progress_handler(None, 100)
     return steps[0]
+
+
+def test_a_short_strategys_chart_line_runs_from_its_first_sample_to_its_last(tmp_path):
+    """Bins of a 72-second strategy sampled at 10 Hz: the chart's bins span its samples, first to last (the
+    stored 10-s bins' edges once ended it at the start of its last 10 s, and a strategy within one bin was
+    not drawn at all)."""
+    shape = long_run_ui.Shape(("zero2-cpu",), hours=0.02, step_s=6.0, gpus=1, hz=10.0)
+    store = RunStore(long_run_ui.build(tmp_path, "short", shape, Console(quiet=True)))
+    strategy_id = store.strategies(store.run()["id"])[0]["id"]
+    samples = store.samples(strategy_id, "host.cpu(%)")
+    (points,) = store.binned_samples(strategy_id, "host.cpu(%)", 600, 3).values()
+    half = (points[1][0] - points[0][0]) / 2
+    assert points[0][0] - half == pytest.approx(samples[0][0]) and points[-1][0] + half == pytest.approx(
+        samples[-1][0]
+    )
+    assert all(value is not None for _, value in points)

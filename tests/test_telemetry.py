@@ -264,6 +264,10 @@ def test_report_has_a_chart_per_strategy_and_metric(swapping_run, tmp_path):
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000 for p in pngs)
     refused = cli("report", str(swapping_run), "--png", str(swapping_run / "report.html"), check=False)
     assert refused.returncode == 2 and "is a file: pass a folder" in refused.stderr
+    (tmp_path / "no-run").mkdir()  # not a run: refused before --png's folders are made
+    refused = cli("report", str(tmp_path / "no-run"), "--png", str(tmp_path / "made" / "charts"), check=False)
+    assert refused.returncode == 2 and "not an offloadlab run directory" in refused.stderr
+    assert not (tmp_path / "made").exists()
     # compare's table with every column, statuses in words, the checkpoints verified
     for header in ("bound by", "of GPU/RAM", "comm/step", "SSD writes", "PCIe GB/s", "checkpoint"):
         assert header in page, header

@@ -15,7 +15,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, MultipleLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
 
 from offloadlab.results.figures import STALL_FACTOR
 from offloadlab.results.store import RunStore
@@ -119,7 +119,8 @@ def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dic
                 gpus = max(gpus, len(binned)) if pattern.startswith("gpu%") else gpus
                 x, y = _combined(list(binned.values()), panel.over_gpus)
                 origin = steps[0].t_start if steps else x[0]
-                series.append((i, row["name"], j, label, x - origin, y / panel.scale))
+                name = row["name"] if steps else f"{row['name']} (no steps: from its first sample)"
+                series.append((i, name, j, label, x - origin, y / panel.scale))
     if not series:
         return None
     fig, (ax,) = _figure(1, 2.4)
@@ -128,8 +129,11 @@ def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dic
         ax.plot(x, y, DASHES[j % len(DASHES)], color=COLORS[i % len(COLORS)], linewidth=1.2,
                 label=f"{name}: {label}" if several else name)  # fmt: skip
     top = max(float(np.nanmax(y)) if np.isfinite(y).any() else 0.0 for *_, y in series)
-    for k, (capacity, label) in enumerate(_capacities(panel, [summaries.get(n) for _, n, *_ in series])):
-        value = capacity / panel.scale
+    # A sum over N GPUs is held against N links (a capacity is one GPU's, or one link's).
+    times = gpus if panel.over_gpus == "sum" and gpus > 1 else 1
+    for k, (capacity, label) in enumerate(_capacities(panel, [summaries.get(r["name"]) for r in strategies])):
+        value = times * capacity / panel.scale
+        label = f"{label} x {times}" if times > 1 else label
         shown = value <= 2.5 * top or not top
         ax.plot([], [], ":" if k % 2 else "--", color="#555555", linewidth=0.9,
                 label=f"{label} {value:.3g} {panel.unit}" + ("" if shown else ", above the scale"))  # fmt: skip
@@ -140,7 +144,7 @@ def metric_chart(store: RunStore, panel: Panel, strategies: list, summaries: dic
     ax.set_ylabel(panel.unit, fontsize=8)
     ax.tick_params(labelsize=7)
     ax.set_ylim(bottom=0)
-    unit = _time_axis(ax, max(float(x[-1]) for *_, x, _ in series))
+    unit = _time_axis(ax, max(float(x[-1]) for *_, x, _ in series) - min(float(x[0]) for *_, x, _ in series))
     ax.set_xlabel(f"time from each strategy's first step ({unit}; startup is left of 0)", fontsize=8)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside, not over
     fig.subplots_adjust(right=0.72)
@@ -173,7 +177,8 @@ TICK_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 1
 
 
 def _time_axis(ax, span_s: float) -> str:
-    """Ticks at round times, labelled h:mm on runs of an hour or more, m:ss below; returns which."""
+    """Ticks at round times over the axis' whole span (start-up included), labelled h:mm where that is an
+    hour or more, m:ss below; returns which."""
     step = next((s for s in TICK_STEPS_S if span_s / s <= 8), TICK_STEPS_S[-1])
     ax.xaxis.set_major_locator(MultipleLocator(step))
     hours = span_s >= 3600
@@ -187,8 +192,9 @@ def _time_axis(ax, span_s: float) -> str:
 
 def step_time_chart(strategies: list, summaries: dict, steps_of: dict) -> Figure:
     """Each strategy's step times in its own row, every row on one scale so they compare, with its median and
-    the stall line (3x the median). The scale ends a little above the highest stall line (or slowest step):
-    a step above it (a start-up, a stall of minutes) is a red mark at the top, counted in the legend."""
+    the stall line (3x the median). The scale ends 10% above the highest of the rows' slowest steps, each
+    taken no higher than its own stall line: a step above the scale (a start-up, a stall of minutes) is a
+    red mark at the top, counted in the legend, and a stall line above it is named there."""
     fig, axes = _figure(len(strategies), 1.4)
     top = 1.1 * max((_natural_top(steps_of[r["id"]], summaries[r["name"]]) for r in strategies), default=1.0)
     for ax, row in zip(axes, strategies):
@@ -211,8 +217,13 @@ def step_time_chart(strategies: list, summaries: dict, steps_of: dict) -> Figure
         median = summaries[row["name"]].median_step_time_s
         if median:
             ax.axhline(median, color="#2ca02c", linewidth=0.8, label=f"median {median:.3g} s")
-            ax.axhline(STALL_FACTOR * median, color="#d62728", linestyle="--", linewidth=0.8, label="stall line")
+            stall = STALL_FACTOR * median
+            if stall <= top:
+                ax.axhline(stall, color="#d62728", linestyle="--", linewidth=0.8, label="stall line")
+            else:  # named, not drawn: another row's slowest step set the scale below it
+                ax.plot([], [], "--", color="#d62728", linewidth=0.8, label=f"stall line {stall:.3g} s, above")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[-1].set_xlabel("step", fontsize=8)
     fig.subplots_adjust(right=0.72)
     return fig
@@ -244,6 +255,7 @@ def loss_chart(strategies: list, steps_of: dict) -> Figure:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         fig.subplots_adjust(right=0.8)
     ax.set_xlabel("step", fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("loss", fontsize=8)
     ax.tick_params(labelsize=7)
     return fig

@@ -676,19 +676,25 @@ class RunStore:
         return out
 
     def _bins_span(self, strategy_id: int, metric: str) -> tuple[float, float, int] | None:
-        """(first, last bin's start, samples) from the finest stored bins; None if the metric has none."""
-        width = BIN_WIDTHS_S[0]
-        first, last, count = self.conn.execute(
-            "SELECT MIN(bin), MAX(bin), SUM(n) FROM sample_bins WHERE strategy_id = ? AND metric = ? AND width_s = ?",
-            (strategy_id, metric, width),
-        ).fetchone()
-        return None if first is None else (first * width, last * width, count)
+        """(first sample's t, last sample's t, samples): the count from the finest stored bins, the times from
+        the (strategy, metric, t) index, one seek each (the bins' edges made a short strategy's last
+        seconds one point, or none); None if the metric has no bins."""
+        count = self.conn.execute(
+            "SELECT SUM(n) FROM sample_bins WHERE strategy_id = ? AND metric = ? AND width_s = ?",
+            (strategy_id, metric, BIN_WIDTHS_S[0]),
+        ).fetchone()[0]
+        if count is None:
+            return None
+        where = "FROM samples WHERE strategy_id = ? AND metric = ?"
+        first = self.conn.execute(f"SELECT MIN(t) {where}", (strategy_id, metric)).fetchone()[0]
+        last = self.conn.execute(f"SELECT MAX(t) {where}", (strategy_id, metric)).fetchone()[0]
+        return first, last, count
 
     def _means_from_bins(
         self, strategy_id: int, metric: str, stored_width: float, start: float, width: float, bins: int
     ) -> dict[int, float]:
         rows = self.conn.execute(
-            "SELECT MIN(CAST((bin * ? - ?) / ? AS INTEGER), ?), SUM(total) / SUM(n) FROM sample_bins "
+            "SELECT MAX(MIN(CAST((bin * ? - ?) / ? AS INTEGER), ?), 0), SUM(total) / SUM(n) FROM sample_bins "
             "WHERE strategy_id = ? AND metric = ? AND width_s = ? GROUP BY 1",
             (stored_width, start, width, bins - 1, strategy_id, metric, stored_width),
         )
