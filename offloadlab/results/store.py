@@ -151,6 +151,10 @@ BIN_WIDTHS_S = (10.0, 300.0)
 thousand bins, not millions of samples (a day at 10 Hz is 864k samples a metric, 8,640 10-s bins)."""
 
 
+CHART_BINS_AT_LEAST = 200
+"""binned_samples draws from wider stored bins (fewer rows) only while they still make this many points."""
+
+
 # SQLite's header field for "which program's file is this" ("OFLB"). Set before the store turns to WAL, so
 # it is in the main file from the start and a reader of the first 100 bytes sees it, whatever the WAL holds.
 APPLICATION_ID = 0x4F464C42
@@ -660,6 +664,11 @@ class RunStore:
                 continue
             period = (end - start) / (count - 1)
             bins = int(max(1, min(max_bins, (end - start) / (min_periods * period or 1.0))))
+            # The widest stored bins that still make a line of CHART_BINS_AT_LEAST points: a day of 10-s
+            # bins is 8,640 rows a metric, of 300-s bins 288 (the chart's bins then as wide as those).
+            wide = [w for w in BIN_WIDTHS_S if (end - start) / w >= CHART_BINS_AT_LEAST] if stored else []
+            if wide and wide[-1] > (end - start) / bins:
+                bins = int((end - start) // wide[-1])
             width = (end - start) / bins or 1.0
             coarse = [w for w in BIN_WIDTHS_S if w <= width]
             if stored and coarse:
@@ -676,12 +685,12 @@ class RunStore:
         return out
 
     def _bins_span(self, strategy_id: int, metric: str) -> tuple[float, float, int] | None:
-        """(first sample's t, last sample's t, samples): the count from the finest stored bins, the times from
+        """(first sample's t, last sample's t, samples): the count from the stored bins, the times from
         the (strategy, metric, t) index, one seek each (the bins' edges made a short strategy's last
         seconds one point, or none); None if the metric has no bins."""
-        count = self.conn.execute(
+        count = self.conn.execute(  # every sample is in one bin of each width: the widest are fewest
             "SELECT SUM(n) FROM sample_bins WHERE strategy_id = ? AND metric = ? AND width_s = ?",
-            (strategy_id, metric, BIN_WIDTHS_S[0]),
+            (strategy_id, metric, BIN_WIDTHS_S[-1]),
         ).fetchone()[0]
         if count is None:
             return None
