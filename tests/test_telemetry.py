@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import statistics
@@ -274,9 +275,11 @@ def test_report_has_a_chart_per_strategy_and_metric(swapping_run, tmp_path):
     assert page.count("<td>done</td>") == 2 and page.count("<td>verified</td>") == 2
     # Legends name the strategies (loss) and each strategy's lines (read / write on one axes); host RSS
     # is drawn on the machine's RAM, named beside it as above the scale (a line there flattened the RSS).
-    for label in ("zero3-nvme", "fsdp2-cpu-offload", "zero3-nvme: read", "fsdp2-cpu-offload: write", "stall line",
-                  "optimizer", "NVMe wait"):  # fmt: skip
+    for label in ("zero3-nvme", "fsdp2-cpu-offload", "zero3-nvme: read", "fsdp2-cpu-offload: write", "optimizer",
+                  "NVMe wait"):  # fmt: skip
         assert f">{label}</text>" in page, label  # text drawn as text
+    # Each row names its stall line: drawn, or (no step near it set the shared scale that high) named above.
+    assert page.count(">stall line</text>") + len(re.findall(r">stall line [0-9.]+ s, above</text>", page)) == 2
     ram = summarize(RunStore(swapping_run))[0].host_memory_bytes / 2**30
     assert f">RAM {ram:.3g} GiB, above the scale</text>" in page
 
