@@ -115,6 +115,6 @@ def _gpus(store: RunStore, strategy_id: int) -> list[GpuRow]:
         match = GPU_METRIC.fullmatch(metric)
         if match and value is not None:
             fields.setdefault(int(match[1]), {})[match[2]] = value  # by time: the newest is kept
-    facts = store.events(strategy_id, MODEL_FACTS_EVENT)
-    total = ModelFacts(**json.loads(facts[0]["detail"])).gpu_memory_bytes if facts else None
+    facts = ModelFacts.first_of(store.events(strategy_id, MODEL_FACTS_EVENT))
+    total = facts.gpu_memory_bytes if facts else None
     return [GpuRow(index, fields[index], total) for index in sorted(fields)]

@@ -19,7 +19,7 @@ from offloadlab.results.rundir import DB_NAME
 from offloadlab.results.status import Status
 from offloadlab.results.steps import TELEMETRY_NOTE
 from offloadlab.results.store import BIN_WIDTHS_S, RunStore, StoreError, TunePoint, runs_in
-from offloadlab.results.summary import StrategySummary, SummaryCache, summarize
+from offloadlab.results.summary import StrategySummary, SummaryCache, rank0_steps, summarize
 
 TUNE_RUN_NAME = "tune"
 
@@ -284,13 +284,14 @@ class RunReader:
                 summary.name, {f: SampleWindow(p, self.window_s) for f, p in SAMPLED.items()}
             )
             strategy_id = ids[summary.name]
+            steps = rank0_steps(store, self._cache, strategy_id)
             followed = self._cache.strategies.get(strategy_id)
-            if followed is not None:
-                steps, notes = followed.rank0, followed.events.get(TELEMETRY_NOTE, [])
-            else:  # summarized from its stored figures: read once, its view is kept
-                steps, notes = store.steps(strategy_id, rank=0), store.events(strategy_id, TELEMETRY_NOTE)
-            notes = [row["detail"] for row in notes]
-            view = _strategy_view(store, strategy_id, steps, notes, summary, windows, self.window_s)
+            # A strategy summarized from its stored figures was not followed: its notes are read (once,
+            # its view is kept).
+            notes = followed.events.get(TELEMETRY_NOTE, []) if followed else store.events(strategy_id, TELEMETRY_NOTE)
+            view = _strategy_view(
+                store, strategy_id, steps, [r["detail"] for r in notes], summary, windows, self.window_s
+            )
             if summary.status.finished:
                 self._finished[summary.name] = view
             views.append(view)

@@ -3,6 +3,7 @@ Plain numbers in, plain numbers out (no torch), so the planner, the trainer and 
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass
 
@@ -85,6 +86,11 @@ class ModelFacts:
     """The threads of rank 0's torch and OpenMP pools (its CPU optimizer's)."""
     tensors_on_nvme: tuple[int, int] | None = None
     """(parameters, optimizer sub-groups) rank 0 kept on NVMe; None: nothing was offloaded to NVMe."""
+
+    @classmethod
+    def first_of(cls, events: list) -> "ModelFacts | None":
+        """The facts in a strategy's MODEL_FACTS_EVENT rows (recorded once); None before its engine was built."""
+        return cls(**json.loads(events[0]["detail"])) if events else None
 
     @property
     def swapped_nothing(self) -> bool:

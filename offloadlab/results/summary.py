@@ -244,8 +244,7 @@ def _phase_seconds(followed: FollowedStrategy, steady: list) -> dict[str, float]
 
 
 def _model_facts(followed: FollowedStrategy) -> figures.ModelFacts | None:
-    events = followed.events.get(figures.MODEL_FACTS_EVENT)
-    return figures.ModelFacts(**json.loads(events[0]["detail"])) if events else None
+    return figures.ModelFacts.first_of(followed.events.get(figures.MODEL_FACTS_EVENT))
 
 
 def summarize(store: RunStore, cache: SummaryCache | None = None) -> list[StrategySummary]:
@@ -314,11 +313,11 @@ def _stored_summary(store: RunStore, row: sqlite3.Row, cache: SummaryCache) -> S
 
 
 def _first_model_facts(store: RunStore, run_id: int) -> figures.ModelFacts | None:
-    for row in store.strategies(run_id):
-        events = store.events(row["id"], figures.MODEL_FACTS_EVENT, rank=0)
-        if events:
-            return figures.ModelFacts(**json.loads(events[0]["detail"]))
-    return None
+    facts = (
+        figures.ModelFacts.first_of(store.events(r["id"], figures.MODEL_FACTS_EVENT, rank=0))
+        for r in store.strategies(run_id)
+    )
+    return next((f for f in facts if f is not None), None)
 
 
 def _batch(spec_toml: str) -> int | None:
@@ -359,8 +358,8 @@ def _fastest_without_offload(
             strategy = strategy_from_store(json.loads(row["config_json"]))
             if Status(row["status"]) is not Status.DONE or strategy is None or strategy.offloads:
                 continue
-            theirs = store.events(row["id"], figures.MODEL_FACTS_EVENT)
-            if not theirs or not _same_workload(figures.ModelFacts(**json.loads(theirs[0]["detail"])), facts):
+            theirs = figures.ModelFacts.first_of(store.events(row["id"], figures.MODEL_FACTS_EVENT))
+            if theirs is None or not _same_workload(theirs, facts):
                 continue
             steady = figures.steady_state(store.steps(row["id"]))
             times = figures.StepTimes.of_steps(steady)

@@ -10,7 +10,6 @@ run folder with PYTHONSAFEPATH set, so no module in the user's current folder is
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import secrets
@@ -338,8 +337,8 @@ class Runner:
             self.say(f"  {job.name} swapped nothing: {SWAPPED_NOTHING_WHY}")
 
     def _swapped_nothing(self, job: StrategyJob) -> bool:
-        facts = self.store.events(job.strategy_id, MODEL_FACTS_EVENT)
-        return bool(facts) and ModelFacts(**json.loads(facts[0]["detail"])).swapped_nothing
+        facts = ModelFacts.first_of(self.store.events(job.strategy_id, MODEL_FACTS_EVENT))
+        return facts is not None and facts.swapped_nothing
 
     def _restores_at_world_1(self, job: StrategyJob) -> bool:
         """One host only: the check runs where rank 0 saved."""
