@@ -24,6 +24,7 @@ from offloadlab.spec import (
     FSDP2Strategy,
     ModelSpec,
     RunSpec,
+    TorchAOStrategy,
     ZenFlowSettings,
 )
 
@@ -39,6 +40,11 @@ SECTIONS = (
     ("`[strategy.aio]`", "DeepSpeed's aio settings, for a strategy that swaps to NVMe.", AioSettings),
     ("`[strategy.zenflow]`", 'ZenFlow (needs `offload_optimizer = "cpu"` and `grad_accum = 1`).', ZenFlowSettings),
     ('`[[strategy]]` with `engine = "fsdp2"`', "PyTorch FSDP2 (`fully_shard`).", FSDP2Strategy),
+    (
+        '`[[strategy]]` with `engine = "torchao"`',
+        "torchao's CPUOffloadOptimizer on one CUDA GPU (`pip install 'offloadlab[torchao]'`).",
+        TorchAOStrategy,
+    ),
 )
 
 _SCALARS = {bool: "bool", int: "int", float: "float", str: "string", Path: "path"}

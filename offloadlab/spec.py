@@ -310,6 +310,10 @@ class DeepSpeedStrategy(_Strict):
         return None
 
     @property
+    def single_gpu(self) -> bool:
+        return False
+
+    @property
     def uses_nvme(self) -> bool:
         return "nvme" in (self.offload_optimizer, self.offload_param)
 
@@ -368,6 +372,10 @@ class FSDP2Strategy(_Strict):
         return None
 
     @property
+    def single_gpu(self) -> bool:
+        return False
+
+    @property
     def uses_nvme(self) -> bool:
         return False
 
@@ -380,11 +388,64 @@ class FSDP2Strategy(_Strict):
         return ("cpu_adam",) if self.cpu_optimizer == "deepspeed" else ()
 
 
-Strategy = Annotated[Union[DeepSpeedStrategy, FSDP2Strategy], Field(discriminator="engine")]
+class TorchAOStrategy(_Strict):
+    name: SafeName
+    """Names the strategy's row and its folders: 1-64 letters, digits and . _ + -."""
+    engine: Literal["torchao"]
+    """torchao's CPUOffloadOptimizer on one GPU: the whole model (fp32) on the GPU, each parameter's AdamW
+    on the CPU, its gradient copied down as soon as backward has it and the update copied back as each
+    parameter is stepped. One GPU only: it does not shard (FSDP2's sharded parameters never fire its hooks)."""
+    offload_gradients: bool = False
+    """Free each GPU gradient once it is copied to the CPU (4 bytes a parameter less GPU memory); torchao
+    does not allow it with gradient accumulation."""
+    cpu_optimizer: Literal["deepspeed", "torch"] = "deepspeed"
+    """The AdamW each parameter steps with on the CPU: DeepSpeed's CPU Adam (SIMD, threaded), or torch's
+    fused AdamW (torchao's default); the same update."""
+    cpu_cores_per_rank: int | None = Field(default=None, gt=0)
+    """Physical cores the rank is bound to, and the threads torch's AdamW runs on the CPU; default: this
+    host's physical cores."""
+
+    @property
+    def exact(self) -> bool:
+        """torch's AdamW on fp32 master weights, with the spec's gradient clipping (offloadlab scales the
+        CPU gradients; torchao alone does not clip)."""
+        return True
+
+    @property
+    def offloads(self) -> bool:
+        return True
+
+    @property
+    def cpu_update_interval(self) -> int | None:
+        return None
+
+    @property
+    def needs_cuda(self) -> str | None:
+        return "torchao's CPUOffloadOptimizer runs only on CUDA (or XPU) GPUs: its constructor asserts it"
+
+    @property
+    def single_gpu(self) -> bool:
+        """Trains on one GPU only (its optimizer neither shards nor reduces)."""
+        return True
+
+    @property
+    def uses_nvme(self) -> bool:
+        return False
+
+    @property
+    def swaps_parameters(self) -> bool:
+        return False
+
+    @property
+    def ops_needed(self) -> tuple[str, ...]:
+        return ("cpu_adam",) if self.cpu_optimizer == "deepspeed" else ()
+
+
+Strategy = Annotated[Union[DeepSpeedStrategy, FSDP2Strategy, TorchAOStrategy], Field(discriminator="engine")]
 _STRATEGY = TypeAdapter(Strategy)  # built once: building one takes milliseconds, and the TUI reads every second
 
 
-def strategy_from_store(config: dict) -> DeepSpeedStrategy | FSDP2Strategy | None:
+def strategy_from_store(config: dict) -> DeepSpeedStrategy | FSDP2Strategy | TorchAOStrategy | None:
     """A strategy as a run store recorded it; None for one an older offloadlab wrote that no longer reads."""
     try:
         return _STRATEGY.validate_python(config)
@@ -473,6 +534,16 @@ class RunSpec(_Strict):
             )
         if self.precision != "bf16" and any(getattr(s, "bf16_master_weights", False) for s in self.strategy):
             raise ValueError('bf16_master_weights keeps bf16 copies of a bf16 model: set precision = "bf16"')
+        one_gpu = [s.name for s in self.strategy if s.single_gpu]
+        if one_gpu and self.nproc > 1:
+            raise ValueError(
+                f"{one_gpu[0]}: torchao's CPUOffloadOptimizer trains on one GPU: set nproc = 1, or use "
+                'engine = "fsdp2" with cpu_offload = true to shard over several'
+            )
+        if self.grad_accum > 1 and any(getattr(s, "offload_gradients", False) for s in self.strategy):
+            raise ValueError(
+                "offload_gradients frees each gradient before the next micro-batch adds to it: set grad_accum = 1"
+            )
         if self.verify_checkpoint and self.steps < 2:
             raise ValueError("verify_checkpoint needs steps >= 2 (save at step k, compare step k+1)")
         if self.checkpoint_step >= self.steps:
@@ -491,7 +562,7 @@ class RunSpec(_Strict):
     def tokens_per_step(self) -> int:
         return self.seq_len * self.effective_batch
 
-    def get_strategy(self, name: str) -> DeepSpeedStrategy | FSDP2Strategy:
+    def get_strategy(self, name: str) -> DeepSpeedStrategy | FSDP2Strategy | TorchAOStrategy:
         for s in self.strategy:
             if s.name == name:
                 return s

@@ -125,6 +125,31 @@ def test_super_offload_without_a_gpu_is_refused_before_any_work(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+TORCHAO = {"name": "ao", "engine": "torchao"}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "extra", "message"),
+    [
+        (TORCHAO, {"nproc": 2}, 'trains on one GPU: set nproc = 1, or use engine = "fsdp2"'),
+        ({**TORCHAO, "offload_gradients": True}, {"grad_accum": 2}, "offload_gradients frees each gradient"),
+        ({**TORCHAO, "cpu_optimizer": "adam8bit"}, {}, "cpu_optimizer"),
+    ],
+)
+def test_torchao_specs_it_cannot_run_are_refused_with_the_fix(strategy, extra, message):
+    with pytest.raises(SpecError, match=re.escape(message)):
+        parse_spec({**TINY, **extra, "strategy": [strategy]})
+
+
+def test_torchao_without_a_gpu_is_refused_before_any_work(tmp_path):
+    """torchao's constructor asserts a CUDA or XPU device: the run says so before it starts a process."""
+    spec = write_spec(tmp_path, [TORCHAO], **TINY)
+    proc = cli("run", str(spec), "--out", str(tmp_path / "run"), check=False)
+    assert proc.returncode == 2
+    assert "torchao's CPUOffloadOptimizer runs only on CUDA" in proc.stderr + proc.stdout
+    assert not (tmp_path / "run").exists()
+
+
 NEW_OPTIONS = [
     {"name": "fsdp2", "engine": "fsdp2"},
     {"name": "fsdp2-cpu", "engine": "fsdp2", "cpu_offload": True},

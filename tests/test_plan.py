@@ -318,7 +318,10 @@ def test_what_the_plan_calls_pinned_is_the_buffers_the_engines_pin(world):
     shape = _shape("gpt-1.4b")
     buffers = buffers_for(shape)
     offloading = [p for p in candidate_placements() if p.strategy.offloads]
-    for p in offloading + [p.varied(f"{p.name}-pageable", pin_memory=False) for p in offloading]:
+    pageable = [
+        p.varied(f"{p.name}-pageable", pin_memory=False) for p in offloading if hasattr(p.strategy, "pin_memory")
+    ]
+    for p in offloading + pageable:  # (torchao pins its buffers always)
         engine = engine_for(p.strategy).planner
         m = engine.memory(p, shape, world, buffers, True)
         listed = sum(engine.pinned_buffers(p, shape, world, buffers))
@@ -924,3 +927,26 @@ def test_planning_for_a_gpu_on_a_machine_without_one_warns_that_step_times_are_t
     request = PlanRequest(preset="gpt-760m", gpu_mem_gib=24, tuned_dir=tmp_path)
     PlanInputs.gather(request, Console(file=printed, width=200), links=LINKS)
     assert "step times come from this CPU's rate on one block; pass --tflops" in printed.getvalue()
+
+
+def test_torchao_is_planned_for_one_gpu_only_with_the_model_whole_on_it():
+    """torchao's CPUOffloadOptimizer keeps the fp32 model and its gradients on the GPU (and, under bf16
+    autocast, each weight's bf16 copy), the fp32 masters and gradient copies pinned on the host, Adam's
+    moments pageable; it needs CUDA and does not shard, so neither a CPU plan nor a 2-GPU one has it."""
+    shape = _shape("gpt-1.4b")
+    machines = {"one GPU": Machine(1, 80 * GiB, 1e15, None), "two": Machine(2, 80 * GiB, 1e15, None)}
+    machines["no GPU"] = Machine(1, None, 1e15, None)
+    names = {k: {x.placement.name for x in plan(shape, machine, LINKS)} for k, machine in machines.items()}
+    assert "torchao-cpu-offload" in names["one GPU"]
+    assert "torchao-cpu-offload" not in names["two"] | names["no GPU"]
+    assert "fsdp2-cpu-offload" in names["two"] & names["no GPU"]
+    (on_gpu,) = [x for x in plan(shape, machines["one GPU"], LINKS) if x.placement.name == "torchao-cpu-offload"]
+    n = shape.n_params
+    m = on_gpu.memory
+    assert sum(m.gpu.values()) == pytest.approx(4 * n, rel=0.01)  # the small parameters' AdamW state is tiny
+    assert m.gpu_turn["gradients (fp32)"] + m.gpu_turn["autocast's bf16 weight copies"] == pytest.approx(6 * n)
+    assert m.pinned_bytes == pytest.approx(8 * n, rel=0.01)
+    assert m.host_pageable["optimizer states"] == pytest.approx(8 * n, rel=0.01)
+    assert on_gpu.step.parts["cpu_adam"] == pytest.approx(n / LINKS.cpu_adam_params_per_s, rel=0.01)
+    freed = predict(on_gpu.placement.varied("ao-freed", offload_gradients=True), shape, machines["one GPU"], LINKS)
+    assert freed.memory.gpu_bytes == pytest.approx(m.gpu_bytes - 4 * n + 4 * shape.largest_param_numel)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, Strategy
+from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, Strategy, TorchAOStrategy
 
 if TYPE_CHECKING:
     from offloadlab.engines.base import Engine
@@ -36,6 +36,9 @@ class EngineRecord:
     strategy_type: type
     adapter_class: str
     """The `Engine` subclass in the folder's adapter.py."""
+    extra: str | None = None
+    """The package the engine needs beyond offloadlab's own dependencies, installed by offloadlab's extra
+    of the same name (`pip install 'offloadlab[torchao]'`)."""
 
     def _module(self, role: str) -> ModuleType:
         return importlib.import_module(f"{__name__}.{self.name}.{role}")
@@ -60,6 +63,7 @@ class EngineRecord:
 ENGINES = (
     EngineRecord("deepspeed", DeepSpeedStrategy, "DeepSpeedEngine"),
     EngineRecord("fsdp2", FSDP2Strategy, "FSDP2Engine"),
+    EngineRecord("torchao", TorchAOStrategy, "TorchAOEngine", extra="torchao"),
 )
 
 

@@ -35,6 +35,17 @@ def candidate_placements() -> list[Placement]:
     return [p for record in ENGINES for p in record.placements.candidates()]
 
 
+def runnable(placements: list[Placement], machine: Machine) -> list[Placement]:
+    """The placements a run on this machine would not refuse: none that needs CUDA where no GPU is planned
+    for, none that trains on one GPU where there are several."""
+    return [
+        p
+        for p in placements
+        if (machine.gpu_mem_bytes is not None or not p.strategy.needs_cuda)
+        and (machine.gpus <= 1 or not p.strategy.single_gpu)
+    ]
+
+
 def predict_memory(
     p: Placement,
     shape: Shape,
@@ -187,7 +198,7 @@ def plan(
     partial optimizer offload (ratio) when the GPU can hold part of the optimizer; feasible ones fastest first.
     `also`: placements a spec names beyond the candidates (ZenFlow, SuperOffload, tuned variants)."""
     out = []
-    for p in candidate_placements() + list(also):
+    for p in runnable(candidate_placements(), machine) + list(also):
         pred = predict(p, shape, machine, links, buffers)
         if not pred.fits:
             checkpointed = predict(

@@ -4,6 +4,7 @@ strategy's swap and checkpoint."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -109,6 +110,16 @@ def check_gpu_only_strategies(spec: RunSpec) -> None:
             )
 
 
+def check_engine_packages(spec: RunSpec) -> None:
+    for strategy in spec.strategy:
+        extra = engine_for(strategy).extra
+        if extra and importlib.util.find_spec(extra) is None:
+            raise PreflightError(
+                f"strategy {strategy.name}: engine {strategy.engine!r} needs the {extra} package, which is not "
+                f"installed: pip install 'offloadlab[{extra}]'"
+            )
+
+
 def preflight_run(spec: RunSpec, run_dir: Path) -> Shape:
     """Everything `offloadlab run` can check before it starts a process; run_dir need not exist yet.
     Returns the model's shape, which the fit check reads too (built once: an HF config is read for it)."""
@@ -118,6 +129,7 @@ def preflight_run(spec: RunSpec, run_dir: Path) -> Shape:
 
         check_hf_model(spec.model, reads_text=spec.data.kind == "text")
     check_gpu_only_strategies(spec)
+    check_engine_packages(spec)
     for strategy in spec.strategy:  # each rank binds itself to its cores: a count the host lacks is named now
         cores_for_rank(0, spec.nproc, strategy.cpu_cores_per_rank)
     shape = shape_of_spec(spec)
