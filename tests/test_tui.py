@@ -764,3 +764,33 @@ def test_a_status_this_version_does_not_write_reads_as_unknown(tmp_path):
         assert app.return_code in (0, None)
 
     asyncio.run(scenario())
+
+
+def test_a_line_that_keeps_its_rows_is_shown_without_laying_the_screen_out():
+    """A running strategy's step count and ETA change every poll: the line is shown in place while it keeps
+    its rows, and the screen is laid out again only when a line is added or one may wrap."""
+    from textual.app import App
+
+    from offloadlab_tui.widgets import _may_change_rows, show_content
+
+    class OneLine(App):
+        CSS = "Static { width: 30; height: auto; }"
+
+        def compose(self):
+            yield Static("step 1 of 40", id="line")
+
+    async def scenario():
+        app = OneLine()
+        async with app.run_test(size=(80, 10)) as pilot:
+            line = app.query_one("#line", Static)
+            assert not _may_change_rows(line, "step 2 of 40, ETA 0:01")
+            assert _may_change_rows(line, "step 2 of 40\nnow: zero2-cpu")
+            assert _may_change_rows(line, "x" * 30)
+            show_content(line, "y" * 45)  # wraps: two rows
+            await pilot.pause()
+            assert line.size.height == 2
+            show_content(line, "step 3 of 40")  # from a wrapped line back to one row
+            await pilot.pause()
+            assert line.size.height == 1 and str(line.content) == "step 3 of 40"
+
+    asyncio.run(scenario())

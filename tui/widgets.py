@@ -7,6 +7,7 @@ import math
 import statistics
 from collections.abc import Callable
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, Vertical
@@ -55,9 +56,24 @@ def status_text(summary: StrategySummary, with_reason: bool = True) -> Text:
 
 def show_content(widget: Static, content: str | Text) -> None:
     """Static.update lays the screen out again whether or not its content changed: each poll of a long
-    run re-laid out the dashboard for every line it rewrote unchanged. Only a change is shown."""
+    run re-laid out the dashboard for every line it rewrote unchanged. Only a change is shown, and the
+    screen is laid out again only where the change can give the widget another height."""
     if widget.content != content:
-        widget.update(content)
+        widget.update(content, layout=_may_change_rows(widget, content))
+
+
+def _may_change_rows(widget: Static, content: str | Text) -> bool:
+    """Whether the widget may take another number of rows: another count of lines, or a line that may wrap
+    (as wide as the widget). A running strategy's step count and ETA change every poll, and each change
+    laid the whole dashboard out again. Markup is counted as text: wider, never narrower."""
+    width = widget.content_region.width
+    auto_width = widget.styles.width is not None and widget.styles.width.is_auto
+    if not width or auto_width:
+        return True
+    old, new = str(widget.content), str(content)
+    if old.count("\n") != new.count("\n"):
+        return True
+    return any(cell_len(line) >= width for line in (old + "\n" + new).splitlines())
 
 
 class MetricSpark(Vertical):

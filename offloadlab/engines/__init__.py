@@ -18,6 +18,7 @@ CPU Adam). May import: checks, plan, results, spec, telemetry, workload.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -39,6 +40,11 @@ class EngineRecord:
     extra: str | None = None
     """The package the engine needs beyond offloadlab's own dependencies, installed by offloadlab's extra
     of the same name (`pip install 'offloadlab[torchao]'`)."""
+
+    @property
+    def installed(self) -> bool:
+        """Whether the package the engine needs beyond offloadlab's own is installed."""
+        return self.extra is None or importlib.util.find_spec(self.extra) is not None
 
     def _module(self, role: str) -> ModuleType:
         return importlib.import_module(f"{__name__}.{self.name}.{role}")

@@ -37,12 +37,13 @@ def candidate_placements() -> list[Placement]:
 
 def runnable(placements: list[Placement], machine: Machine) -> list[Placement]:
     """The placements a run on this machine would not refuse: none that needs CUDA where no GPU is planned
-    for, none that trains on one GPU where there are several."""
+    for, none that trains on one GPU where there are several, none whose engine's package is missing."""
     return [
         p
         for p in placements
         if (machine.gpu_mem_bytes is not None or not p.strategy.needs_cuda)
         and (machine.gpus <= 1 or not p.strategy.single_gpu)
+        and engine_for(p.strategy).installed
     ]
 
 

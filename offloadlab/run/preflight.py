@@ -4,7 +4,6 @@ strategy's swap and checkpoint."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -112,11 +111,11 @@ def check_gpu_only_strategies(spec: RunSpec) -> None:
 
 def check_engine_packages(spec: RunSpec) -> None:
     for strategy in spec.strategy:
-        extra = engine_for(strategy).extra
-        if extra and importlib.util.find_spec(extra) is None:
+        engine = engine_for(strategy)
+        if not engine.installed:
             raise PreflightError(
-                f"strategy {strategy.name}: engine {strategy.engine!r} needs the {extra} package, which is not "
-                f"installed: pip install 'offloadlab[{extra}]'"
+                f"strategy {strategy.name}: engine {strategy.engine!r} needs the {engine.extra} package, which is "
+                f"not installed: pip install 'offloadlab[{engine.extra}]'"
             )
 
 
