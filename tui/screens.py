@@ -148,17 +148,21 @@ class DashboardScreen(PollingScreen):
         # The table first: on the first read, mounting the panels (a few hundred widgets to style) took
         # longer than the read, and the table already holds every strategy's figures.
         self.query_one(RunHeader).show(result)
-        self.query_one(CompareTable).show(result)
-        self.refresh()
+        table = self.query_one(CompareTable)
+        if table.show(result):
+            # DataTable repaints the cells it changed, but not its header when a column's width follows
+            # them (the snapshot showed "zero3-nv" under a wider header): the whole table, not the screen.
+            table.refresh()
         await self._show_panels(result)
 
     async def _show_panels(self, view: RunView) -> None:
         box = self.query_one("#panels", VerticalScroll)
-        panels = list(box.query(StrategyPanel))
+        panels = self._panels()
         # The running strategy first, at the top: at 80x24 one panel fits, and it was below the finished ones.
         shown = sorted(view.strategies, key=lambda s: s.summary.status is not Status.RUNNING)
         names = [s.name for s in shown]
         if sorted(p.strategy_name for p in panels) != sorted(names):
+            self.refresh()  # the table is drawn while the panels mount (a repaint of the whole screen: not each poll)
             await box.remove_children()
             panels = [StrategyPanel(s.name, classes="strategy") for s in shown]
             await box.mount_all(panels)
@@ -175,12 +179,17 @@ class DashboardScreen(PollingScreen):
             panel.view = strategy
         self._collapse()
 
+    def _panels(self) -> list[StrategyPanel]:
+        # The panels are #panels' children: a query matched CSS selectors over every widget of the screen,
+        # a few thousand on a run of four strategies, and took most of a poll's drawing.
+        return list(self.query_one("#panels", VerticalScroll).children)
+
     def _collapse(self) -> None:
         """Finished and pending strategies fold into their table row: the running strategy's panel shows,
         and the panel of the row the table's cursor is on while the table has focus (or, once nothing
         runs, always), so at 80x24 the running one is not pushed off the screen."""
         table = self.query_one(CompareTable)
-        panels = list(self.query(StrategyPanel))
+        panels = self._panels()
         running = {p.strategy_name for p in panels if p.view and p.view.summary.status is Status.RUNNING}
         opened = table.cursor_name() if table.has_focus or not running else None
         for panel in panels:

@@ -287,21 +287,25 @@ class CompareTable(DataTable):
             return None
         return str(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)
 
-    def show(self, view: RunView) -> None:
+    def show(self, view: RunView) -> bool:
+        """Show the view's rows; whether any cell changed."""
         rows = {sv.name: self._cells(sv.summary) for sv in view.strategies}
         if [str(k.value) for k in self.rows] != list(rows):
             self.clear()
             for name, cells in rows.items():
                 self.add_row(*cells, key=name)
-            return
+            return True
         # The same strategies: cells change in place, so a scrolled table stays where the user put it (a
         # clear and refill every poll snapped it back to the left).
+        changed = False
         for name, cells in rows.items():
             for column, cell in zip(self.columns, cells):
                 if self.get_cell(name, column) != cell:  # an unchanged cell is not repainted
                     # Widths follow the data: set at the first paint, when every cell was "-", they cut
                     # "0.243 / 0.6" for good.
                     self.update_cell(name, column, cell, update_width=True)
+                    changed = True
+        return changed
 
     @staticmethod
     def _cells(s: StrategySummary) -> list:
