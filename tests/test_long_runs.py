@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import sqlite3
 import sys
@@ -175,6 +176,36 @@ def test_the_tuis_longer_windows_are_read_from_the_bins(tmp_path):
     )
     for view in hour.values():
         assert 359 <= len(view.host_cpu_percent.values) <= 361, view.name
+
+
+def test_the_running_strategys_windows_kept_between_polls_equal_a_fresh_read(tmp_path):
+    """Each poll adds only the sample times since the last to the running strategy's 10-minute windows,
+    summed over its GPUs: after more steps and samples land, they hold what a reader opened afresh reads."""
+    shape = long_run_ui.Shape(("zero2-cpu",), hours=0.5, step_s=20.0, gpus=2, hz=2.0)
+    run = long_run_ui.build(tmp_path, "live", shape, Console(quiet=True))
+    lock = RunDir.at(run).lock()
+    kept = RunReader(run)
+    kept.read()
+    store = RunStore(run, writable=True)
+    row = store.strategies(store.run()["id"])[-1]
+    last = store.steps(row["id"], rank=0)[-1]
+    writer = long_run_ui.StrategyWriter(store, row["id"], row["name"], shape, last.t_end)
+    writer.step, writer.sample_t = last.step, store.newest_sample_t(row["id"]) + 1 / shape.hz
+    writer.figures.followed.update(store, False)  # as the bench's live writer carries a run on
+    writer.figures.stored_through = max(writer.figures.followed.telemetry, default=0)
+    for _ in range(2):  # two polls' worth: a step and its samples each
+        writer.add_step()
+        writer.sample_until(writer.t)
+        writer.flush()
+        polled = kept.read().strategies[-1]
+    store.close()
+    fresh = RunReader(run).read().strategies[-1]
+    os.close(lock)
+    for series in ("pcie_tx_bytes_per_s", "disk_read_bytes_per_s", "host_cpu_percent"):
+        assert getattr(polled, series).values == getattr(fresh, series).values, series
+    assert polled.pcie_tx_bytes_per_s.values[-1] == pytest.approx(
+        1e9 * 2 * (0.5 + 0.5 * math.sin((writer.sample_t - 1 / shape.hz) / shape.step_s))
+    )  # the last sample time, both GPUs summed
 
 
 def test_the_reports_charts_overlay_the_strategies_and_combine_the_gpus(tmp_path):

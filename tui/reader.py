@@ -183,7 +183,9 @@ class SampleWindow:
 
     def __init__(self, pattern: str, window_s: float):
         self.pattern, self.window_s = pattern, window_s
-        self.rows: list[tuple[float, str, float | None]] = []
+        self.summed: list[tuple[float, float]] = []
+        """(time, value summed over the GPUs sampled then): each poll adds only the times since the last
+        (a sample time's rows are written together, so none is split between two reads)."""
 
     def update(self, store: RunStore, strategy_id: int) -> list[float]:
         if self.window_s > WINDOW_S:
@@ -191,12 +193,12 @@ class SampleWindow:
             binned = store.binned_sums(strategy_id, self.pattern, newest - self.window_s, newest + BIN_WIDTHS_S[0])
             if binned is not None:
                 return binned
-        after = self.rows[-1][0] if self.rows else store.newest_sample_t(strategy_id) - self.window_s
-        self.rows += store.samples(strategy_id, self.pattern, after_t=after)
-        if self.rows:
-            start = self.rows[-1][0] - self.window_s
-            self.rows = self.rows[bisect.bisect_right([r[0] for r in self.rows], start) :]
-        return [v for _, v in _summed_by_time(self.rows)]
+        after = self.summed[-1][0] if self.summed else store.newest_sample_t(strategy_id) - self.window_s
+        self.summed += _summed_by_time(store.samples(strategy_id, self.pattern, after_t=after))
+        if self.summed:
+            start = self.summed[-1][0] - self.window_s
+            del self.summed[: bisect.bisect_right(self.summed, start, key=lambda row: row[0])]
+        return [v for _, v in self.summed]
 
 
 def _finished_series(store: RunStore, strategy_id: int, pattern: str, steady: list, window_s: float) -> Series:
