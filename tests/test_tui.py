@@ -19,6 +19,7 @@ import sqlite3
 import statistics
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -794,3 +795,22 @@ def test_a_line_that_keeps_its_rows_is_shown_without_laying_the_screen_out():
             assert line.size.height == 1 and str(line.content) == "step 3 of 40"
 
     asyncio.run(scenario())
+
+
+def test_a_read_ends_at_its_next_sql_step_once_its_screen_closes(fixed_root):
+    """q during a long first read: Python waits for a running thread before it exits, so the read itself
+    must end. Set while a statement runs (a count to a billion, a minute and more), the stop ends it."""
+    from offloadlab_tui.reader import read_store
+
+    run_dir = next(p for p in fixed_root.iterdir() if (p / DB_NAME).exists())
+    stop = threading.Event()
+
+    def read(store):
+        threading.Timer(0.2, stop.set).start()
+        count = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1e9) SELECT COUNT(*) FROM c"
+        return store.conn.execute(count).fetchone()
+
+    start = time.perf_counter()
+    with pytest.raises(ReaderError, match="interrupted"):
+        read_store(run_dir, read, stop)
+    assert time.perf_counter() - start < 1.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,12 +60,12 @@ class RanksReader:
     """The running strategy's GPUs and ranks (else the last that started), read each poll; the processes
     are kept between polls so that their CPU share is measured over the poll."""
 
-    def __init__(self, run_dir: Path):
-        self.run_dir = Path(run_dir)
+    def __init__(self, run_dir: Path, stop: threading.Event | None = None):
+        self.run_dir, self.stop = Path(run_dir), stop
         self._processes: dict[tuple[int, float], psutil.Process] = {}
 
     def read(self) -> RanksView | None:
-        return read_store(self.run_dir, self._read)
+        return read_store(self.run_dir, self._read, self.stop)
 
     def _read(self, store: RunStore) -> RanksView | None:
         rows = store.strategies(store.run()["id"])

@@ -42,10 +42,15 @@ class PollingScreen(Screen):
         super().__init__(**kwargs)
         self._drawing = asyncio.Lock()
         self._reading = threading.Lock()
+        self.closing = threading.Event()
+        """Set when the screen goes (the app quits): its read in flight stops at its next SQL step."""
 
     def on_mount(self) -> None:
         self.set_interval(self.app.poll_s, self._poll)
         self.refresh_data()
+
+    def on_unmount(self) -> None:
+        self.closing.set()
 
     def on_screen_resume(self) -> None:
         self.refresh_data()
@@ -72,7 +77,8 @@ class PollingScreen(Screen):
             result = err
         finally:
             self._reading.release()
-        self.app.call_from_thread(self._show, result)
+        if not self.closing.is_set():  # a read stopped by the app's end has nothing to show, nor an app
+            self.app.call_from_thread(self._show, result)
 
     async def _show(self, result) -> None:
         # A poll can arrive while the previous one still mounts widgets: draw one at a time.
@@ -138,7 +144,7 @@ class DashboardScreen(PollingScreen):
         if target is None:
             return None
         if self._reader is None or self._reader.run_dir != target:
-            self._reader = RunReader(target, self.window_s)  # another run: its cache starts afresh
+            self._reader = RunReader(target, self.window_s, self.closing)  # another run: its cache starts afresh
         return self._reader.read()
 
     def nothing_yet(self) -> str:
@@ -148,11 +154,7 @@ class DashboardScreen(PollingScreen):
         # The table first: on the first read, mounting the panels (a few hundred widgets to style) took
         # longer than the read, and the table already holds every strategy's figures.
         self.query_one(RunHeader).show(result)
-        table = self.query_one(CompareTable)
-        if table.show(result):
-            # DataTable repaints the cells it changed, but not its header when a column's width follows
-            # them (the snapshot showed "zero3-nv" under a wider header): the whole table, not the screen.
-            table.refresh()
+        self.query_one(CompareTable).show(result)
         await self._show_panels(result)
 
     async def _show_panels(self, view: RunView) -> None:
@@ -232,7 +234,7 @@ class RanksScreen(PollingScreen):
         if target is None:
             return None
         if self._reader is None or self._reader.run_dir != target:
-            self._reader = RanksReader(target)
+            self._reader = RanksReader(target, self.closing)
         return self._reader.read()
 
     def nothing_yet(self) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from rich.cells import cell_len
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Grid, Vertical
 from textual.reactive import reactive
@@ -287,25 +288,31 @@ class CompareTable(DataTable):
             return None
         return str(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)
 
-    def show(self, view: RunView) -> bool:
-        """Show the view's rows; whether any cell changed."""
+    def show(self, view: RunView) -> None:
         rows = {sv.name: self._cells(sv.summary) for sv in view.strategies}
         if [str(k.value) for k in self.rows] != list(rows):
             self.clear()
             for name, cells in rows.items():
                 self.add_row(*cells, key=name)
-            return True
+            return
         # The same strategies: cells change in place, so a scrolled table stays where the user put it (a
         # clear and refill every poll snapped it back to the left).
-        changed = False
         for name, cells in rows.items():
             for column, cell in zip(self.columns, cells):
                 if self.get_cell(name, column) != cell:  # an unchanged cell is not repainted
                     # Widths follow the data: set at the first paint, when every cell was "-", they cut
                     # "0.243 / 0.6" for good.
                     self.update_cell(name, column, cell, update_width=True)
-                    changed = True
-        return changed
+
+    async def _on_idle(self, event: events.Idle) -> None:
+        # DataTable measures new rows and changed cells once idle and widens their columns there, with no
+        # repaint where the table's own size stays: the dashboard's figures showed under the first
+        # widths ("zero3-nv") until the next repaint of the screen, which no longer comes every poll.
+        measured = bool(self._updated_cells or self._new_rows) or self._require_update_dimensions
+        await super()._on_idle(event)
+        event.prevent_default()  # DataTable's own handler, which Textual calls next, has just run
+        if measured:
+            self.refresh()
 
     @staticmethod
     def _cells(s: StrategySummary) -> list:
