@@ -442,6 +442,8 @@ class TorchAOStrategy(_Strict):
 
 
 Strategy = Annotated[Union[DeepSpeedStrategy, FSDP2Strategy, TorchAOStrategy], Field(discriminator="engine")]
+ENGINE_TAGS = ("deepspeed", "fsdp2", "torchao")
+"""The `engine` values: pydantic puts the one a strategy matched into an error's path, which is not a key."""
 _STRATEGY = TypeAdapter(Strategy)  # built once: building one takes milliseconds, and the TUI reads every second
 
 
@@ -540,9 +542,11 @@ class RunSpec(_Strict):
                 f"{one_gpu[0]}: torchao's CPUOffloadOptimizer trains on one GPU: set nproc = 1, or use "
                 'engine = "fsdp2" with cpu_offload = true to shard over several'
             )
-        if self.grad_accum > 1 and any(getattr(s, "offload_gradients", False) for s in self.strategy):
+        freeing = [s.name for s in self.strategy if getattr(s, "offload_gradients", False)]
+        if self.grad_accum > 1 and freeing:
             raise ValueError(
-                "offload_gradients frees each gradient before the next micro-batch adds to it: set grad_accum = 1"
+                f"{freeing[0]}: offload_gradients frees each gradient before the next micro-batch adds to it: set "
+                "grad_accum = 1, or offload_gradients = false"
             )
         if self.verify_checkpoint and self.steps < 2:
             raise ValueError("verify_checkpoint needs steps >= 2 (save at step k, compare step k+1)")
@@ -607,7 +611,7 @@ def _format(err: ValidationError, source: str) -> str:
     value given."""
     problems = []
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if p not in ("deepspeed", "fsdp2"))
+        loc = tuple(p for p in e["loc"] if p not in ENGINE_TAGS)
         key = ".".join(str(p) for p in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
             nearest = [_READ_INSTEAD[loc[-1]]] if loc[-1] in _READ_INSTEAD else []

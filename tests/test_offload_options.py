@@ -132,8 +132,13 @@ TORCHAO = {"name": "ao", "engine": "torchao"}
     ("strategy", "extra", "message"),
     [
         (TORCHAO, {"nproc": 2}, 'trains on one GPU: set nproc = 1, or use engine = "fsdp2"'),
-        ({**TORCHAO, "offload_gradients": True}, {"grad_accum": 2}, "offload_gradients frees each gradient"),
-        ({**TORCHAO, "cpu_optimizer": "adam8bit"}, {}, "cpu_optimizer"),
+        ({**TORCHAO, "offload_gradients": True}, {"grad_accum": 2}, "ao: offload_gradients frees each gradient"),
+        ({**TORCHAO, "cpu_optimizer": "adam8bit"}, {}, "strategy.0.cpu_optimizer: Input should be"),
+        (
+            {**TORCHAO, "offload_gradient": True},
+            {},
+            "offload_gradient: unknown key (did you mean 'offload_gradients'?)",
+        ),
     ],
 )
 def test_torchao_specs_it_cannot_run_are_refused_with_the_fix(strategy, extra, message):

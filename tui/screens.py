@@ -154,7 +154,11 @@ class DashboardScreen(PollingScreen):
         # The table first: on the first read, mounting the panels (a few hundred widgets to style) took
         # longer than the read, and the table already holds every strategy's figures.
         self.query_one(RunHeader).show(result)
-        self.query_one(CompareTable).show(result)
+        if self.query_one(CompareTable).show(result):
+            # A row that changed is drawn on a repaint of the whole screen: the table's own repaint left a
+            # finished strategy reading "running" in a live run (seen in tmux, not in the tests). The table
+            # changes when a strategy starts or ends, not every poll.
+            self.refresh()
         await self._show_panels(result)
 
     async def _show_panels(self, view: RunView) -> None:

@@ -288,31 +288,36 @@ class CompareTable(DataTable):
             return None
         return str(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)
 
-    def show(self, view: RunView) -> None:
+    def show(self, view: RunView) -> bool:
+        """Show the view's rows; whether any cell changed."""
         rows = {sv.name: self._cells(sv.summary) for sv in view.strategies}
         if [str(k.value) for k in self.rows] != list(rows):
             self.clear()
             for name, cells in rows.items():
                 self.add_row(*cells, key=name)
-            return
+            return True
         # The same strategies: cells change in place, so a scrolled table stays where the user put it (a
         # clear and refill every poll snapped it back to the left).
+        changed = False
         for name, cells in rows.items():
             for column, cell in zip(self.columns, cells):
                 if self.get_cell(name, column) != cell:  # an unchanged cell is not repainted
                     # Widths follow the data: set at the first paint, when every cell was "-", they cut
                     # "0.243 / 0.6" for good.
                     self.update_cell(name, column, cell, update_width=True)
+                    changed = True
+        return changed
 
     async def _on_idle(self, event: events.Idle) -> None:
-        # DataTable measures new rows and changed cells once idle and widens their columns there, with no
-        # repaint where the table's own size stays: the dashboard's figures showed under the first
-        # widths ("zero3-nv") until the next repaint of the screen, which no longer comes every poll.
+        # DataTable measures new rows and changed cells once idle and widens their columns there. The lines
+        # it drew before that are cached under keys without the widths, so they stayed as drawn: a finished
+        # strategy still read "running", or a header narrower than its rows, until a key was pressed.
         measured = bool(self._updated_cells or self._new_rows) or self._require_update_dimensions
         await super()._on_idle(event)
         event.prevent_default()  # DataTable's own handler, which Textual calls next, has just run
         if measured:
-            self.refresh()
+            self._clear_caches()
+            self.screen.refresh()  # as on a change (DashboardScreen.show): the table's own repaint fell behind
 
     @staticmethod
     def _cells(s: StrategySummary) -> list:

@@ -14,9 +14,10 @@ def file_names(name: str) -> list[str]:
 
 
 def export(spec: RunSpec, out_dir: Path, name: str) -> list[str]:
-    """The lines of the Accelerate config: one process, bf16 autocast where the run is bf16."""
+    """The lines of the Accelerate config: one process, bf16 autocast where the run is bf16; the optimizer
+    is the script's own, said in a comment."""
     return [
+        "# The optimizer: torchao.optim.CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, fused=True)",
         "distributed_type: 'NO'",
-        "num_processes: 1",
         f"mixed_precision: {'bf16' if spec.precision == 'bf16' else 'no'}",
     ]
