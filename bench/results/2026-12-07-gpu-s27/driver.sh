@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What ran on the GPU host in session 27, from the checkout's root, after `source .device/setup.sh`.
-# Usage: bash bench/results/2026-12-07-gpu-s27/driver.sh RESULTS_DIR torchao
+# Usage: bash bench/results/2026-12-07-gpu-s27/driver.sh RESULTS_DIR torchao|check
 #   torchao: torchao's CPUOffloadOptimizer, first a 125M run with its checkpoint restored and checked, then
 #   at 1.42B beside FSDP2 without offload and ZeRO-1's CPU offload, 31 steps each
+#   check: only the 125M run (about 2 minutes)
 # The grid and autotune of grid6/ and autotune/ ran bench/results/2026-12-05-gpu-s22/driver.sh.
 set -u
 # The GPU image lacks tomli_w and torchao: their wheels are carried in .whl, out of git.
@@ -20,6 +21,8 @@ run() {  # run NAME SPEC: the run's last lines and its comparison table come bac
   COLUMNS=200 python3 -m offloadlab.cli compare "$W/$1" > "$R/$1_compare.txt" 2>&1
 }
 case $2 in
+check)
+  run check $S/torchao_check.toml ;;
 torchao)
   run check $S/torchao_check.toml
   run ao14 $S/torchao14.toml
