@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation deepspeed==0.19.8
-	$(BIN)/pip install -q --no-build-isolation -e '.[dev,torchao]'
+	$(BIN)/pip install -q --no-build-isolation -e '.[dev]'
 	@echo "building DeepSpeed's compiled ops once for this venv (about 5 minutes on 2 cores)"
 	$(BIN)/offloadlab doctor --build
 	touch $(STAMP)

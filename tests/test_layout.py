@@ -110,7 +110,8 @@ def test_every_engine_implements_the_declared_interfaces():
     from offloadlab.engines.protocols import EngineExporter, EnginePlacements, EnginePlanner
 
     for record in ENGINES:
-        assert issubclass(record.adapter(), Engine), record.name
+        if record.installed:  # an engine's adapter imports its package (torchao is an extra)
+            assert issubclass(record.adapter(), Engine), record.name
         for module, protocol in (
             (record.planner, EnginePlanner),
             (record.placements, EnginePlacements),

@@ -28,7 +28,7 @@ from offloadlab.plan.accounting import GiB, Links, Machine, Placement, Shape, sh
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
 from offloadlab.plan.output import plan_table
 from offloadlab.plan.predict import candidate_placements, plan, predict, predict_step, why_winner
-from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, load_spec
+from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, TorchAOStrategy, load_spec
 from offloadlab.workload.model import GPT3_LEARNING_RATES, PRESETS, GPTConfig, gpt3_learning_rate
 
 
@@ -937,10 +937,15 @@ def test_torchao_is_planned_for_one_gpu_only_with_the_model_whole_on_it():
     machines = {"one GPU": Machine(1, 80 * GiB, 1e15, None), "two": Machine(2, 80 * GiB, 1e15, None)}
     machines["no GPU"] = Machine(1, None, 1e15, None)
     names = {k: {x.placement.name for x in plan(shape, machine, LINKS)} for k, machine in machines.items()}
-    assert "torchao-cpu-offload" in names["one GPU"]
+    # Where torchao is not installed (the test machine's default), it is planned nowhere.
+    assert ("torchao-cpu-offload" in names["one GPU"]) == engine_for(
+        TorchAOStrategy(name="a", engine="torchao")
+    ).installed
     assert "torchao-cpu-offload" not in names["two"] | names["no GPU"]
     assert "fsdp2-cpu-offload" in names["two"] & names["no GPU"]
-    (on_gpu,) = [x for x in plan(shape, machines["one GPU"], LINKS) if x.placement.name == "torchao-cpu-offload"]
+    on_gpu = predict(
+        Placement(TorchAOStrategy(name="torchao-cpu-offload", engine="torchao")), shape, machines["one GPU"], LINKS
+    )
     n = shape.n_params
     m = on_gpu.memory
     assert sum(m.gpu.values()) == pytest.approx(4 * n, rel=0.01)  # the small parameters' AdamW state is tiny
