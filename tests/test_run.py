@@ -118,6 +118,12 @@ def test_two_ranks_over_gloo_match_one_rank_with_twice_the_accumulation(world1, 
             row["rank"] for row in store.conn.execute("SELECT rank FROM steps WHERE strategy_id = ?", (strategy_id,))
         )
     } == {0, 1}
+    # One rank is started alone (torchrun's agent imported torch again first, 1.8 s a launch); two through
+    # torchrun: training and the restore check, then the restore at world size 1 alone where there is one.
+    for run_dir, ranks in ((world1, 1), (world2, 2)):
+        for log in (run_dir / "logs").iterdir():
+            launches = ["torch.distributed.run" in line for line in log.read_text().splitlines() if line[:2] == "$ "]
+            assert launches[:2] == [ranks == 2] * 2 and not any(launches[2:]), (log, launches)
 
 
 @pytest.mark.slow
@@ -307,6 +313,8 @@ def test_a_failed_rank_is_named_by_its_last_words_not_torchruns_report():
     reason = crash_reason(1, output.replace(rank, f"{mlock}\n{rank}"))
     assert reason.startswith(f"a rank died of SIGABRT: {mlock}") and "raise ulimit -l" in reason
     assert crash_reason(1, "$ torchrun ...\nValueError: bad spec\n") == "exited with code 1: ValueError: bad spec"
+    # One rank is started without torchrun: no report, its signal is its exit code's.
+    assert crash_reason(-6, f"$ python -m offloadlab.train.worker ...\n{rank}\n") == f"a rank died of SIGABRT: {rank}"
     # A rank that exits with an error of its own before offloadlab can record it (seen on a GPU host whose
     # ranks could not import offloadlab): its words, not the report's rule.
     missing = "python3: Error while finding module specification for 'offloadlab.train.worker'"

@@ -37,6 +37,8 @@ class EngineRecord:
     strategy_type: type
     adapter_class: str
     """The `Engine` subclass in the folder's adapter.py."""
+    restores_at_other_world_size: bool = False
+    """Whether a checkpoint saved by N ranks loads into another number of ranks as it is."""
     extra: str | None = None
     """The package the engine needs beyond offloadlab's own dependencies, installed by offloadlab's extra
     of the same name (`pip install 'offloadlab[torchao]'`)."""
@@ -67,8 +69,10 @@ class EngineRecord:
 
 
 ENGINES = (
+    # DeepSpeed's checkpoints hold each rank's partition: another world size needs its universal-checkpoint
+    # conversion first, which offloadlab does not run. FSDP2's (DCP) reshard on load.
     EngineRecord("deepspeed", DeepSpeedStrategy, "DeepSpeedEngine"),
-    EngineRecord("fsdp2", FSDP2Strategy, "FSDP2Engine"),
+    EngineRecord("fsdp2", FSDP2Strategy, "FSDP2Engine", restores_at_other_world_size=True),
     EngineRecord("torchao", TorchAOStrategy, "TorchAOEngine", extra="torchao"),
 )
 

@@ -8,7 +8,6 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -39,26 +38,14 @@ class PhaseTimer:
 
 
 class Engine(ABC):
-    """A built, ready-to-train strategy. Its methods are collective: every rank calls them. Its class
-    methods answer what the parent process asks before any engine is built."""
-
-    restores_at_other_world_size: ClassVar[bool] = False
-    """Whether a checkpoint saved by N ranks loads into another number of ranks as it is."""
+    """A built, ready-to-train strategy. Its methods are collective: every rank calls them. What the parent
+    process asks before any engine is built is the engine's planner's and its registry record's (torch's
+    distributed packages and the engine's library are not imported there)."""
 
     @classmethod
     @abstractmethod
     def build(cls, spec, strategy, ctx: DistContext, nvme_dir: Path | None) -> "Engine":
         """Build the strategy's engine on this rank (collective)."""
-
-    @classmethod
-    @abstractmethod
-    def checkpoint_bytes(cls, strategy, n_params: int, param_bytes: int) -> int:
-        """Run-folder bytes at the peak of a strategy's checkpoint save and restore check."""
-
-    @classmethod
-    def swap_bytes(cls, strategy, n_params: int, param_bytes: int) -> int:
-        """Bytes a strategy keeps in its NVMe swap folder, all ranks of one host."""
-        return 0
 
     @classmethod
     def failure_reason(cls, exc: BaseException) -> tuple[Status, str] | None:

@@ -40,6 +40,12 @@ class EnginePlanner(Protocol):
     def overlapped_with_training(self, p: Placement) -> tuple[str, ...]:
         """Optimizer parts that run beside the next steps' training."""
 
+    def checkpoint_bytes(self, strategy, n_params: int, param_bytes: int) -> int:
+        """Run-folder bytes at the peak of a strategy's checkpoint save and restore check."""
+
+    def swap_bytes(self, strategy, n_params: int, param_bytes: int) -> int:
+        """Bytes a strategy keeps in its NVMe swap folder, all ranks of one host."""
+
 
 class EnginePlacements(Protocol):
     """The placements the planner proposes for an engine, and those it weighs where one does not fit."""

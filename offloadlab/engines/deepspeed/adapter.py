@@ -26,15 +26,9 @@ from offloadlab.workload.hf import copy_whole, initial_state, load_initial_state
 from offloadlab.workload.model import lm_loss, model_factory
 
 CHECKPOINT_TAG = "state"
-# Bytes per parameter DeepSpeed keeps in the NVMe swap folder: fp32 master, Adam m and v, fp32 gradient.
-OPTIMIZER_SWAP_BYTES_PER_PARAM = 16
 
 
 class DeepSpeedEngine(Engine):
-    # Its checkpoints hold each rank's partition; another world size needs DeepSpeed's universal-checkpoint
-    # conversion first, which offloadlab does not run.
-    restores_at_other_world_size = False
-
     def __init__(self, ctx: DistContext, engine):
         super().__init__(ctx)
         self.engine = engine
@@ -44,21 +38,6 @@ class DeepSpeedEngine(Engine):
         cls, spec: RunSpec, strategy: DeepSpeedStrategy, ctx: DistContext, nvme_dir: Path | None
     ) -> "DeepSpeedEngine":
         return build_deepspeed(spec, strategy, ctx, nvme_dir)
-
-    @classmethod
-    def checkpoint_bytes(cls, strategy: DeepSpeedStrategy, n_params: int, param_bytes: int) -> int:
-        """fp32 weights and both Adam moments (12 bytes a parameter; measured on ZeRO-3 NVMe and CPU
-        checkpoints), ZeRO-1/2 add the low-precision module copy; the restore check saves the restored
-        state once more beside the checkpoint, so the peak is two copies."""
-        return 2 * n_params * (12 + (param_bytes if strategy.zero_stage < 3 else 0))
-
-    @classmethod
-    def swap_bytes(cls, strategy: DeepSpeedStrategy, n_params: int, param_bytes: int) -> int:
-        """The ranks' partitions add up to the whole model: 16-bit parameters, and the optimizer's fp32 states."""
-        total = n_params * param_bytes if strategy.offload_param == "nvme" else 0
-        if strategy.offload_optimizer == "nvme":
-            total += n_params * OPTIMIZER_SWAP_BYTES_PER_PARAM
-        return total
 
     @classmethod
     def failure_reason(cls, exc: BaseException) -> tuple[Status, str] | None:

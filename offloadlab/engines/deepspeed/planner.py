@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from offloadlab.engines.deepspeed.buffers import SwapBuffers, params_swapped, sub_groups, swap_buffer_bytes
 from offloadlab.plan.accounting import Links, Memory, Placement, Shape, loss_bytes, pinned_if_asked
-from offloadlab.spec import ZenFlowSettings
+from offloadlab.spec import DeepSpeedStrategy, ZenFlowSettings
 
 # DeepSpeed's default reduce_bucket_size (offloadlab leaves it alone), in elements of the model's dtype.
 DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
@@ -344,3 +344,22 @@ def overlapped_with_training(p: Placement) -> tuple[str, ...]:
     if p.strategy.zenflow is not None and p.strategy.zenflow.overlap_step:
         return ("cpu_adam", "host_passes")
     return ()
+
+
+# Bytes per parameter DeepSpeed keeps in the NVMe swap folder: fp32 master, Adam m and v, fp32 gradient.
+OPTIMIZER_SWAP_BYTES_PER_PARAM = 16
+
+
+def checkpoint_bytes(strategy: DeepSpeedStrategy, n_params: int, param_bytes: int) -> int:
+    """fp32 weights and both Adam moments (12 bytes a parameter; measured on ZeRO-3 NVMe and CPU
+    checkpoints), ZeRO-1/2 add the low-precision module copy; the restore check saves the restored
+    state once more beside the checkpoint, so the peak is two copies."""
+    return 2 * n_params * (12 + (param_bytes if strategy.zero_stage < 3 else 0))
+
+
+def swap_bytes(strategy: DeepSpeedStrategy, n_params: int, param_bytes: int) -> int:
+    """The ranks' partitions add up to the whole model: 16-bit parameters, and the optimizer's fp32 states."""
+    total = n_params * param_bytes if strategy.offload_param == "nvme" else 0
+    if strategy.offload_optimizer == "nvme":
+        total += n_params * OPTIMIZER_SWAP_BYTES_PER_PARAM
+    return total

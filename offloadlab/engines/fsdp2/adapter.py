@@ -48,7 +48,6 @@ def apply_fsdp(
 
 
 class FSDP2Engine(Engine):
-    restores_at_other_world_size = True  # DCP checkpoints reshard on load
 
     def __init__(
         self,
@@ -69,11 +68,6 @@ class FSDP2Engine(Engine):
     @classmethod
     def build(cls, spec: RunSpec, strategy: FSDP2Strategy, ctx: DistContext, nvme_dir: Path | None) -> "FSDP2Engine":
         return build_fsdp2(spec, strategy, ctx)
-
-    @classmethod
-    def checkpoint_bytes(cls, strategy: FSDP2Strategy, n_params: int, param_bytes: int) -> int:
-        """fp32 weights and both Adam moments: 12 bytes a parameter (measured on FSDP2 checkpoints)."""
-        return 12 * n_params
 
     @property
     def module(self) -> nn.Module:

@@ -113,11 +113,6 @@ class TorchAOEngine(Engine):
     ) -> "TorchAOEngine":
         return build_torchao(spec, strategy, ctx)
 
-    @classmethod
-    def checkpoint_bytes(cls, strategy: TorchAOStrategy, n_params: int, param_bytes: int) -> int:
-        """fp32 weights and both Adam moments: 12 bytes a parameter."""
-        return 12 * n_params
-
     @property
     def module(self) -> nn.Module:
         return self.model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from offloadlab.plan.accounting import Links, Memory, Placement, Shape
+from offloadlab.spec import TorchAOStrategy
 
 # torchao keeps a parameter under this many elements on the GPU, with a GPU AdamW (its `minimal_size`).
 MINIMAL_SIZE = 4096
@@ -81,3 +82,12 @@ def serial_in_training(p: Placement, shape: Shape, world: int, links: Links) -> 
 
 def overlapped_with_training(p: Placement) -> tuple[str, ...]:
     return ()
+
+
+def checkpoint_bytes(strategy: TorchAOStrategy, n_params: int, param_bytes: int) -> int:
+    """fp32 weights and both Adam moments: 12 bytes a parameter."""
+    return 12 * n_params
+
+
+def swap_bytes(strategy: TorchAOStrategy, n_params: int, param_bytes: int) -> int:
+    return 0  # nothing on NVMe
