@@ -55,11 +55,9 @@ def _replay_until(source: sqlite3.Connection, target: sqlite3.Connection, t: flo
     target.commit()
 
 
-def test_a_followed_store_sums_up_as_a_full_read_at_every_moment(h200_store, tmp_path):
-    """Session 10's H200 store, replayed into a fresh one 30 s of its time at a time: after each slice the
-    summary kept up to date through one cache equals a summary read from scratch, and at the end the
-    original's. A step's samples arrive after the step: a cache that froze a step's figures too early, or
-    missed rows between reads, would differ."""
+def _replayed(h200_store: Path, tmp_path: Path):
+    """Session 10's H200 store, replayed into a fresh one 30 s of its time at a time: (when, the replay's
+    store) after each slice."""
     source = sqlite3.connect(h200_store / DB_NAME)
     replay = tmp_path / "replay"
     replay.mkdir()
@@ -70,18 +68,49 @@ def test_a_followed_store_sums_up_as_a_full_read_at_every_moment(h200_store, tmp
         target.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
     target.execute("UPDATE strategies SET status = 'pending', finished_at = NULL")
     start, end = source.execute("SELECT MIN(t), MAX(t) FROM samples").fetchone()
-    cache, done, slices = SummaryCache(), set(), 0
-    t = start
+    done, t = set(), start
     while t < end + 30:
         t += 30
         _replay_until(source, target, t, done)
         store = RunStore(replay)
+        try:
+            yield f"+{t - start:.0f} s", store
+        finally:
+            store.close()
+
+
+def test_a_followed_store_sums_up_as_a_full_read_at_every_moment(h200_store, tmp_path):
+    """After each slice of the replay the summary kept up to date through one cache equals a summary read
+    from scratch, and at the end the original's. A step's samples arrive after the step: a cache that froze
+    a step's figures too early, or missed rows between reads, would differ."""
+    cache, slices = SummaryCache(), 0
+    for when, store in _replayed(h200_store, tmp_path):
         followed, fresh = summarize(store, cache), summarize(store)
-        store.close()
-        assert len(followed) == len(fresh) and all(_same(a, b, f"+{t - start:.0f} s") for a, b in zip(followed, fresh))
+        assert len(followed) == len(fresh) and all(_same(a, b, when) for a, b in zip(followed, fresh))
         slices += 1
     assert slices > 10
     assert all(_same(a, b, "the end") for a, b in zip(followed, summarize(RunStore(h200_store))))
+
+
+def test_the_tuis_cache_recomputes_a_running_strategys_figures_at_its_share_and_follows_its_steps(
+    h200_store, tmp_path
+):
+    """recompute_share (the TUI's): between two computations of a running strategy's figures (here none
+    after its first: a share of a billionth of a core), its step count follows every read and the rest are
+    those first computed; a strategy that has ended has every figure of a full read."""
+    cache, kept_running = SummaryCache(recompute_share=1e-9), 0
+    first: dict[str, dict] = {}
+    for when, store in _replayed(h200_store, tmp_path):
+        for followed, fresh in zip(summarize(store, cache), summarize(store)):
+            if followed.status is not Status.RUNNING:
+                _same(followed, fresh, when)
+                continue
+            assert followed.steps_done == fresh.steps_done, when
+            mine = {k: v for k, v in followed.as_dict().items() if k != "steps_done"}
+            first.setdefault(followed.name, mine)
+            assert mine == first[followed.name], when
+            kept_running += mine != {k: v for k, v in fresh.as_dict().items() if k != "steps_done"}
+    assert kept_running >= 5  # reads whose figures a full read had moved on from (7 of this replay)
 
 
 def _same(a, b, when: str) -> bool:

@@ -814,3 +814,49 @@ def test_a_read_ends_at_its_next_sql_step_once_its_screen_closes(fixed_root):
     with pytest.raises(ReaderError, match="interrupted"):
         read_store(run_dir, read, stop)
     assert time.perf_counter() - start < 1.0
+
+
+def test_the_table_is_redrawn_whole_when_a_strategy_starts_or_ends_not_as_one_runs(fixed_root):
+    """A running row's figures are dashes, its "bound by" too (the panel's phase bar has it live): each poll
+    of a live run redrew the whole screen for that one cell, most of the poll's CPU."""
+    from textual.app import App
+
+    from offloadlab.results.status import Status
+    from offloadlab_tui.widgets import CompareTable
+
+    view = read_run(next(p for p in fixed_root.iterdir() if p.name == "demo"))
+    first = view.strategies[0]
+
+    def running(phase_seconds: dict) -> object:
+        summary = dataclasses.replace(first.summary, status=Status.RUNNING, phase_seconds=phase_seconds)
+        return dataclasses.replace(view, strategies=[dataclasses.replace(first, summary=summary)])
+
+    class OneTable(App):
+        def compose(self):
+            yield CompareTable()
+
+    async def scenario():
+        app = OneTable()
+        async with app.run_test(size=(200, 10)):
+            table = app.query_one(CompareTable)
+            assert table.show(running({"forward": 1.0, "backward": 2.0, "optimizer": 3.0}))  # the row came
+            assert table.get_cell(first.name, "bound by") == "-"
+            assert not table.show(running({"forward": 1.0, "backward": 2.0, "optimizer": 9.0}))
+            assert table.show(dataclasses.replace(view, strategies=[first]))  # it ended
+            assert table.get_cell(first.name, "bound by") != "-"
+
+    asyncio.run(scenario())
+
+
+def test_a_store_replaced_between_polls_is_read_anew(tmp_path, fixed_root, world1):
+    """The dashboard's reader keeps its store open between polls; a file put in its place (a run folder
+    reused) is another file, and the next poll opens and reads it."""
+    from offloadlab_tui.reader import RunReader
+
+    run_dir = copy_store(world1, tmp_path / "run")
+    reader = RunReader(run_dir)
+    assert len(reader.read().strategies) == 4
+    demo = copy_store(fixed_root / "demo", tmp_path / "demo")
+    os.replace(demo / DB_NAME, run_dir / DB_NAME)
+    assert [s.name for s in reader.read().strategies] == [s.name for s in read_run(fixed_root / "demo").strategies]
+    reader.close()

@@ -19,7 +19,7 @@ from offloadlab.results.figures import steady_state
 from offloadlab.results.rundir import DB_NAME
 from offloadlab.results.status import Status
 from offloadlab.results.steps import TELEMETRY_NOTE
-from offloadlab.results.store import BIN_WIDTHS_S, RunStore, StoreError, TunePoint, runs_in
+from offloadlab.results.store import BIN_WIDTHS_S, RunStore, StoreError, TunePoint, read_only_mode, runs_in
 from offloadlab.results.summary import StrategySummary, SummaryCache, rank0_steps, summarize
 
 TUNE_RUN_NAME = "tune"
@@ -35,6 +35,8 @@ WINDOWS_S = (600.0, 3600.0, 6 * 3600.0)
 """What sampled sparklines (PCIe, disk, CPU) can show: the last this many seconds (`w` cycles). The first
 is drawn from the samples, longer ones from the stored 10-s bins."""
 WINDOW_S = WINDOWS_S[0]
+RECOMPUTE_SHARE = 0.0025
+"""The share of a core the running strategy's figures over all its steps may take (SummaryCache)."""
 
 
 @dataclass(frozen=True)
@@ -145,22 +147,56 @@ PROGRESS_STEPS = 100_000
 check takes the GIL from the screen's thread, so not every thousand."""
 
 
-def read_store(run_dir: Path, read, stop: threading.Event | None = None):
-    """read(store) on the run's store, opened read-only for it. Once `stop` is set, the SQL statement
-    running and every later one end within a thousand of SQLite's steps: a screen that closes (q, Ctrl-C)
-    ends its read instead of waiting for it (a thread cannot be cancelled, and Python waits for it before
-    the process exits: a day-long store's first read kept q waiting 0.9 s)."""
-    store = _open(run_dir)
-    if stop is not None:
+def read_store(run_dir: Path, read, stop: threading.Event | None = None, kept: KeptStore | None = None):
+    """read(store) on the run's store, opened read-only for it (or kept open between reads by `kept`).
+    Once `stop` is set, the SQL statement running and every later one end within a thousand of SQLite's
+    steps: a screen that closes (q, Ctrl-C) ends its read instead of waiting for it (a thread cannot be
+    cancelled, and Python waits for it before the process exits: a day-long store's first read kept q
+    waiting 0.9 s)."""
+    store = kept.store(stop) if kept is not None else _open(run_dir)
+    if kept is None and stop is not None:
         store.conn.set_progress_handler(stop.is_set, PROGRESS_STEPS)
     try:
         return read(store)
     except LookupError as err:
         raise ReaderError(str(err)) from err
     except sqlite3.DatabaseError as err:  # corrupt pages, or tables missing: not our schema
+        if kept is not None:
+            kept.close()
         raise ReaderError(f"{run_dir}: {DB_NAME} is not a readable offloadlab run store ({err})") from err
     finally:
-        store.close()
+        if kept is None:
+            store.close()
+
+
+class KeptStore:
+    """A run's store kept open between one screen's polls: opening it was 4 ms of a 12-ms poll. It is
+    opened again when the file is another (deleted, replaced) or must be opened another way (its run ended,
+    or its WAL came or went: store.read_only_mode), so a poll still sees what a fresh open would."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self._open: tuple[RunStore, tuple] | None = None
+
+    def store(self, stop: threading.Event | None) -> RunStore:
+        path = self.run_dir / DB_NAME
+        try:
+            found = path.stat()
+        except OSError:
+            found = None
+        identity = found and (found.st_dev, found.st_ino, read_only_mode(path))
+        if self._open is None or self._open[1] != identity:
+            self.close()
+            store = _open(self.run_dir)  # names what is wrong with a file that is missing or not a store
+            if stop is not None:
+                store.conn.set_progress_handler(stop.is_set, PROGRESS_STEPS)
+            self._open = (store, identity)
+        return self._open[0]
+
+    def close(self) -> None:
+        if self._open is not None:
+            self._open[0].close()
+            self._open = None
 
 
 def _summed_by_time(rows: list[tuple[float, str, float | None]]) -> list[tuple[float, float]]:
@@ -266,7 +302,8 @@ class RunReader:
 
     def __init__(self, run_dir: Path, window_s: float = WINDOW_S, stop: threading.Event | None = None):
         self.run_dir, self.stop = Path(run_dir), stop
-        self._cache = SummaryCache()
+        self._kept = KeptStore(self.run_dir)
+        self._cache = SummaryCache(recompute_share=RECOMPUTE_SHARE)
         self._finished: dict[str, StrategyView] = {}
         self._windows: dict[str, dict[str, SampleWindow]] = {}
         self.window_s = window_s
@@ -282,7 +319,10 @@ class RunReader:
         self._finished, self._windows = {}, {}
 
     def read(self) -> RunView:
-        return read_store(self.run_dir, self._read, self.stop)
+        return read_store(self.run_dir, self._read, self.stop, self._kept)
+
+    def close(self) -> None:
+        self._kept.close()
 
     def _read(self, store: RunStore) -> RunView:
         run = store.run()
@@ -313,7 +353,11 @@ class RunReader:
 
 
 def read_run(run_dir: Path) -> RunView:
-    return RunReader(run_dir).read()
+    reader = RunReader(run_dir)
+    try:
+        return reader.read()
+    finally:
+        reader.close()
 
 
 def read_tune(run_dir: Path) -> TuneView:

@@ -144,6 +144,8 @@ class DashboardScreen(PollingScreen):
         if target is None:
             return None
         if self._reader is None or self._reader.run_dir != target:
+            if self._reader is not None:
+                self._reader.close()
             self._reader = RunReader(target, self.window_s, self.closing)  # another run: its cache starts afresh
         return self._reader.read()
 

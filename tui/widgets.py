@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable
 
 from rich.cells import cell_len
@@ -89,6 +90,8 @@ class MetricSpark(Vertical):
         self.value = Label("-", classes="metric-value")
         self.range = Label("", classes="metric-range")
         self.metric_name = title
+        self._drawn = (float("-inf"), None)
+        """(when, over which window) the bars were last drawn."""
 
     def compose(self) -> ComposeResult:
         yield Label(self.metric_name, classes="metric-title")
@@ -96,8 +99,22 @@ class MetricSpark(Vertical):
         yield self.value
         yield self.range
 
-    def show(self, series: Series, fmt: Callable[[float], str], finished: bool, absent: str = "no data yet") -> None:
-        self.spark.data = series.values
+    def show(
+        self,
+        series: Series,
+        fmt: Callable[[float], str],
+        finished: bool,
+        absent: str = "no data yet",
+        window_s: float | None = None,
+    ) -> None:
+        """window_s: a sampled series' window, whose bars are redrawn once a bar's time has passed (a bar of
+        a 10-minute window is about 20 s of samples: redrawing them every poll was most of a poll's drawing)."""
+        bar_s = window_s / self.spark.size.width if window_s and self.spark.size.width else 0.0
+        now = time.monotonic()
+        drawn_at, drawn_window_s = self._drawn
+        if finished or not self.spark.data or window_s != drawn_window_s or now - drawn_at >= bar_s:
+            self.spark.data = series.values
+            self._drawn = (now, window_s)
         if not series.values or series.figure is None:
             show_content(self.value, absent)
             show_content(self.range, "")
@@ -220,12 +237,13 @@ class StrategyPanel(Vertical):
         self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s", done)
         self.metrics["tps"].show(view.tokens_per_s, lambda v: f"{v:,.0f}", done)
         self.metrics["gpu"].show(view.gpu_allocated_bytes, human_bytes, done)
-        self.metrics["tx"].show(view.pcie_tx_bytes_per_s, _rate, done)
-        self.metrics["rx"].show(view.pcie_rx_bytes_per_s, _rate, done)
+        window_s = view.window_s
+        self.metrics["tx"].show(view.pcie_tx_bytes_per_s, _rate, done, window_s=window_s)
+        self.metrics["rx"].show(view.pcie_rx_bytes_per_s, _rate, done, window_s=window_s)
         no_disk = "no block device" if any("disk fields absent" in n for n in view.telemetry_notes) else "no data yet"
-        self.metrics["read"].show(view.disk_read_bytes_per_s, _rate, done, no_disk)
-        self.metrics["write"].show(view.disk_write_bytes_per_s, _rate, done, no_disk)
-        self.metrics["cpu"].show(view.host_cpu_percent, lambda v: f"{v:.0f}%", done)
+        self.metrics["read"].show(view.disk_read_bytes_per_s, _rate, done, no_disk, window_s)
+        self.metrics["write"].show(view.disk_write_bytes_per_s, _rate, done, no_disk, window_s)
+        self.metrics["cpu"].show(view.host_cpu_percent, lambda v: f"{v:.0f}%", done, window_s=window_s)
 
 
 class RunHeader(Static):
@@ -280,7 +298,7 @@ class CompareTable(DataTable):
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
-        self.add_columns(*self.COLUMNS)
+        self.add_columns(*((label, label) for label in self.COLUMNS))  # keyed by their labels
 
     def cursor_name(self) -> str | None:
         """The strategy of the row the cursor is on."""
@@ -289,7 +307,8 @@ class CompareTable(DataTable):
         return str(self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value)
 
     def show(self, view: RunView) -> bool:
-        """Show the view's rows; whether any cell changed."""
+        """Show the view's rows; whether a strategy started, ended or came (the running row's figures
+        change every poll, and are not counted)."""
         rows = {sv.name: self._cells(sv.summary) for sv in view.strategies}
         if [str(k.value) for k in self.rows] != list(rows):
             self.clear()
@@ -298,24 +317,29 @@ class CompareTable(DataTable):
             return True
         # The same strategies: cells change in place, so a scrolled table stays where the user put it (a
         # clear and refill every poll snapped it back to the left).
-        changed = False
+        status_changed = False
         for name, cells in rows.items():
             for column, cell in zip(self.columns, cells):
                 if self.get_cell(name, column) != cell:  # an unchanged cell is not repainted
                     # Widths follow the data: set at the first paint, when every cell was "-", they cut
                     # "0.243 / 0.6" for good.
                     self.update_cell(name, column, cell, update_width=True)
-                    changed = True
-        return changed
+                    status_changed |= column == "status"
+        return status_changed
+
+    def _measured(self) -> tuple:
+        return [column.content_width for column in self.columns.values()], self.virtual_size
 
     async def _on_idle(self, event: events.Idle) -> None:
         # DataTable measures new rows and changed cells once idle and widens their columns there. The lines
         # it drew before that are cached under keys without the widths, so they stayed as drawn: a finished
-        # strategy still read "running", or a header narrower than its rows, until a key was pressed.
-        measured = bool(self._updated_cells or self._new_rows) or self._require_update_dimensions
+        # strategy still read "running", or a header narrower than its rows, until a key was pressed. Only
+        # a change of widths repaints the screen: a cell that changed within its width bumped the cache's
+        # key itself, and a repaint of the whole screen on every poll of a live run took most of its CPU.
+        before = self._measured()
         await super()._on_idle(event)
         event.prevent_default()  # DataTable's own handler, which Textual calls next, has just run
-        if measured:
+        if self._measured() != before:
             self._clear_caches()
             self.screen.refresh()  # as on a change (DashboardScreen.show): the table's own repaint fell behind
 
@@ -344,7 +368,7 @@ class CompareTable(DataTable):
             fmt(idle, "{:.0f}%"),
             fmt(s.nvme_wait_share, "{:.0%}"),
             human_bytes(s.comm_bytes_per_step) if finished else "-",
-            bound_by(s),
+            bound_by(s) if finished else "-",  # live in the panel's phase bar: a change here redrew the table
             f"{fmt_or_dash(s.cpu_threads, '{}')}, {optimizer_rate(s)}" if finished else "-",
             ckpt,
         ]

@@ -199,7 +199,7 @@ def create(run_dir: Path) -> sqlite3.Connection:
     return conn
 
 
-def _read_only_mode(path: Path) -> str:
+def read_only_mode(path: Path) -> str:
     """How a reader opens the store so that it never changes a byte of it or adds a file beside it.
 
     Without a -wal file no process has it open and all of it is in the main file: immutable (which also
@@ -238,8 +238,14 @@ def connect_read_only(run_dir: Path) -> sqlite3.Connection:
     if application_id(path) not in (None, 0, APPLICATION_ID):
         raise StoreError(f"{path} is another program's database, not an offloadlab run store")
     try:
+        # Any thread may read through it, one at a time: the TUI keeps a store open between polls, and each
+        # poll reads in a worker thread of its own.
         conn = sqlite3.connect(
-            f"file:{quote(str(path))}?mode=ro{_read_only_mode(path)}", uri=True, timeout=30.0, isolation_level=None
+            f"file:{quote(str(path))}?mode=ro{read_only_mode(path)}",
+            uri=True,
+            timeout=30.0,
+            isolation_level=None,
+            check_same_thread=False,
         )
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.DatabaseError as err:
@@ -513,10 +519,13 @@ class RunStore:
 
     def last_written(self) -> float:
         """When the run last recorded anything: a strategy starting or ending, a step (its end). Samples are
-        left out: a sampler outliving its strategy is not progress, and their table is the largest."""
+        left out: a sampler outliving its strategy is not progress, and their table is the largest. Of the
+        steps, the last rows written (each rank's latest among them): a MAX over all of them was a scan of
+        the table at every poll of the TUI."""
         row = self.conn.execute(
             "SELECT MAX(t) FROM (SELECT created_at AS t FROM runs UNION ALL SELECT started_at FROM strategies "
-            "UNION ALL SELECT finished_at FROM strategies UNION ALL SELECT MAX(t_end) FROM steps)"
+            "UNION ALL SELECT finished_at FROM strategies "
+            "UNION ALL SELECT t_end FROM (SELECT t_end FROM steps ORDER BY rowid DESC LIMIT 64))"
         ).fetchone()
         return row[0] or 0.0
 

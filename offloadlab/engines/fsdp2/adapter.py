@@ -48,7 +48,6 @@ def apply_fsdp(
 
 
 class FSDP2Engine(Engine):
-
     def __init__(
         self,
         ctx: DistContext,
