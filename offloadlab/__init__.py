@@ -6,7 +6,7 @@ Data flows spec -> plan -> engine -> trainer -> telemetry -> results, and the su
     cli.py      the `offloadlab` commands: read the spec, call one pipeline, print its tables
     workload/   the model and its token data (torch)
     engines/    DeepSpeed and FSDP2 behind one `Engine` interface, and DeepSpeed's compiled ops
-    run/        the parent of a run: preflight, one torchrun job per strategy, cleanup
+    run/        the parent of a run: preflight, one job per strategy (torchrun for several ranks), cleanup
     train/      one rank: the worker entry point, the step loop, checkpoints, the collectives meter
     telemetry/  the NVML/psutil/diskstats sampler (its own process) and the ranks' torch probes
     results/    the run folder, its SQLite store and everything read from it: summaries, tables, report

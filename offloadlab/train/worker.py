@@ -1,4 +1,5 @@
-"""Entry point of one strategy's process (one per rank, started by torchrun from `offloadlab run`).
+"""Entry point of one strategy's process (one per rank, started by `offloadlab run`: itself for one rank,
+through torchrun for several).
 
     python -m offloadlab.train.worker --run-dir D --strategy NAME --mode train|verify [--nvme-dir P]
 
@@ -176,10 +177,10 @@ def _verify(spec, strategy, ctx, budget, store, strategy_id, run_dir, nvme_dir) 
 
 
 def watch_the_run(run_dir: RunDir, period_s: float = 1.0) -> None:
-    """End this rank when `offloadlab run` is gone (SIGKILL, a lost terminal): torchrun gives its ranks
-    sessions of their own, so nothing else would stop them training to the last step. Its sampler follows
-    (its stdin closes) and so does torchrun (its ranks exited); the next `run` beside this one marks the
-    run interrupted and removes the swap folder."""
+    """End this rank when `offloadlab run` is gone (SIGKILL, a lost terminal): each job has a session of
+    its own, so nothing else would stop its ranks training to the last step. Its sampler follows (its
+    stdin closes) and so does torchrun where there is one (its ranks exited); the next `run` beside this
+    one marks the run interrupted and removes the swap folder."""
 
     def watch() -> None:
         while run_dir.is_live():
