@@ -139,19 +139,17 @@ def test_a_broken_model_folder_stops_the_run_before_any_work(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-# Every ZeRO stage and offload, and both FSDP2 modes: the shared set (zero2-cpu, zero3-nvme, fsdp2,
-# fsdp2-cpu-offload) and the stages it leaves out.
 ZERO3_CPU = dict(name="zero3-cpu", engine="deepspeed", zero_stage=3, offload_optimizer="cpu", offload_param="cpu")
+# test_hf_families trains every other strategy from eight families' weights; here ZeRO-3 without offload,
+# which none of them runs, beside NVMe's swapped partitions and FSDP2's offloaded shards.
 LLAMA_STRATEGIES = [
-    dict(name="zero1", engine="deepspeed", zero_stage=1),
     dict(name="zero3", engine="deepspeed", zero_stage=3),
-    ZERO3_CPU,
-    *STRATEGIES,
+    *(s for s in STRATEGIES if s["name"] in ("zero3-nvme", "fsdp2-cpu-offload")),
 ]
 
 
 @pytest.mark.slow
-def test_a_llama_checkpoint_trains_through_every_engine_from_its_weights(tmp_path, nvme_root):
+def test_a_llama_checkpoint_trains_through_both_engines_from_its_weights(tmp_path, nvme_root):
     """On the user's text (.jsonl) through the checkpoint's own tokenizer."""
     folder = save_checkpoint(tmp_path / "llama", "llama")
     save_tokenizer(folder)

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import atexit
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+
+
+def _free_port() -> int:
+    """A port no one listens on now (torchrun --standalone picks one alike)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -21,7 +29,18 @@ class DistContext:
 
     @classmethod
     def from_env(cls) -> "DistContext":
-        """Read torchrun's variables; pick this rank's GPU, or the CPU where there is none."""
+        """Read torchrun's variables; pick this rank's GPU, or the CPU where there is none. A process started
+        without them (`offloadlab run` starts one rank alone) sets them for a world of one, with a free port
+        for its TCP store: DeepSpeed looks for MPI where RANK is unset."""
+        if "RANK" not in os.environ:
+            os.environ.update(
+                RANK="0",
+                LOCAL_RANK="0",
+                WORLD_SIZE="1",
+                LOCAL_WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(_free_port()),
+            )
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank)

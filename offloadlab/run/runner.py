@@ -15,7 +15,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -92,15 +91,13 @@ class Launch:
     def master_host(self) -> str:
         return self.master_addr or "127.0.0.1"
 
-    def worker_command(self, nproc: int) -> tuple[list[str], dict[str, str]]:
-        """The command before the worker's own arguments, and the variables it adds to the environment.
-        One process on this host starts the worker itself with torchrun's variables: torchrun's agent
-        imported torch a second time before every launch (1.8 s, twice a strategy with its restore check)
-        and held 0.4 GiB beside the rank."""
+    def worker_command(self, nproc: int) -> list[str]:
+        """The command before the worker's own arguments. One process on this host is the worker alone
+        (it takes a world of one: DistContext.from_env): torchrun's agent imported torch a second time
+        before every launch (1.8 s, twice a strategy with its restore check) and held 0.4 GiB beside it."""
         if nproc == 1 and self.single_host:
-            env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-            return [sys.executable, "-P"], env | {"MASTER_PORT": str(_free_port())}
-        return [sys.executable, "-P", "-m", "torch.distributed.run", *self._torchrun_args(nproc)], {}
+            return [sys.executable, "-P"]
+        return [sys.executable, "-P", "-m", "torch.distributed.run", *self._torchrun_args(nproc)]
 
     @property
     def single_host(self) -> bool:
@@ -149,13 +146,6 @@ def check_new_folder(path: Path) -> None:
         raise RunDirError(f"--out {path} is a file: pass a folder that is new or empty")
     if path.is_dir() and any(path.iterdir()):
         raise RunDirError(f"run directory {path} exists and is not empty: pass another --out")
-
-
-def _free_port() -> int:
-    """A port no one listens on now, for the rank's TCP store (torchrun --standalone picks one alike)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # torchrun's own log lines: "E1205 00:00:17.121000 3809 torch/distributed/elastic/...".
@@ -370,9 +360,8 @@ class Runner:
 
     def _launch(self, job: StrategyJob, mode: str, progress: Progress, task, nproc: int | None = None) -> int:
         launch = self.launch if nproc is None else Launch()
-        start, rank_env = launch.worker_command(nproc or self.spec.nproc)
         cmd = [
-            *start,
+            *launch.worker_command(nproc or self.spec.nproc),
             "-m",
             "offloadlab.train.worker",
             "--run-dir",
@@ -395,7 +384,7 @@ class Runner:
                 cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=worker_env(os.environ, tmp) | rank_env,
+                env=worker_env(os.environ, tmp),
                 cwd=self.run_dir.root,
                 start_new_session=True,
             )
