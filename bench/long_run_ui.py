@@ -236,10 +236,14 @@ from pathlib import Path
 from offloadlab_tui.app import make_app
 from offloadlab_tui.widgets import CompareTable
 
+def table_rows(app) -> int:
+    tables = app.screen.query(CompareTable)  # none while the app has not yet shown the dashboard
+    return tables.first().row_count if tables else 0
+
 async def first_frame_and_poll(run_dir):
     app = make_app(root=run_dir.parent, run_dir=run_dir, poll_s=1.0)
     async with app.run_test(size=(120, 40)) as pilot:
-        while not app.screen.query_one(CompareTable).row_count:
+        while not table_rows(app):
             await pilot.pause(0.01)
         first = time.perf_counter() - start
         await pilot.pause(1.0)  # settle: the first poll after the frame
@@ -265,7 +269,9 @@ print(first, share, quit_after, asyncio.run(quit_during_first_read(run_dir)))
 
 
 def tui_times(run_dir: Path) -> list[float]:
-    proc = subprocess.run([sys.executable, "-c", TUI, str(run_dir)], check=True, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", TUI, str(run_dir)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the TUI's timing exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return [float(x) for x in proc.stdout.split()]
 
 
