@@ -130,6 +130,20 @@ def test_an_incomplete_folder_is_named_with_what_it_lacks(tmp_path, setup, messa
         check_hf_folder(folder, with_weights=True)
 
 
+def test_a_config_transformers_cannot_build_is_named_by_plan_before_any_work(tmp_path):
+    """An unknown hidden_act went through the folder checks and raised KeyError inside transformers: a
+    traceback from `run` and `plan` (seen by a new user)."""
+    folder = tmp_path / "model"
+    config = FAMILIES["llama"]()
+    config.hidden_act = "bogus_act"
+    config.save_pretrained(folder)
+    spec = write_spec(tmp_path, [STRATEGIES[2]], **BATCH, model=dict(hf_config=str(folder)))
+    proc = cli("plan", str(spec), check=False)
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert "cannot build LlamaForCausalLM from its config.json (KeyError: 'bogus_act')" in said, said
+
+
 @pytest.mark.slow
 def test_a_broken_model_folder_stops_the_run_before_any_work(tmp_path):
     (tmp_path / "empty").mkdir()

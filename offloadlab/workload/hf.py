@@ -188,9 +188,18 @@ def _no_init_weights():
 
 
 def meta_model(config) -> HFCausalLM:
-    """The model's structure and tensor shapes without memory or init: what the planner counts."""
-    with torch.device("meta"):
-        return HFCausalLM(causal_lm_class(config), config)
+    """The model's structure and tensor shapes without memory or init: what the planner counts. A config
+    whose values transformers cannot build from (an unknown `hidden_act`, a hidden size its heads do not
+    divide) is named here, before any process starts: it was a traceback from inside transformers."""
+    model_class = causal_lm_class(config)
+    try:
+        with torch.device("meta"):
+            return HFCausalLM(model_class, config)
+    except (KeyError, ValueError) as err:
+        raise SpecError(
+            f"{config.name_or_path or 'the model'}: transformers cannot build {model_class.__name__} from its "
+            f"config.json ({type(err).__name__}: {err}): fix that value in config.json"
+        ) from None
 
 
 class SafetensorsState(Mapping):
