@@ -249,6 +249,8 @@ def test_a_deleted_or_corrupt_store_gives_a_message_not_a_traceback(tmp_path, wo
     asyncio.run(scenario())
     with pytest.raises(ReaderError, match="is not a readable SQLite database"):
         read_run(corrupt)
+    with pytest.raises(ReaderError, match=r"is a folder of runs, not one: `offloadlab tui --root .*runs` follows"):
+        read_run(tmp_path / "runs")  # a new user's `offloadlab tui runs/` read "no run store here"
 
 
 @pytest.mark.slow

@@ -135,6 +135,10 @@ class RunEntry:
 
 def _open(run_dir: Path) -> RunStore:
     if not (Path(run_dir) / DB_NAME).is_file():
+        if runs_in(Path(run_dir)):  # a folder of runs given as one (a new user's `offloadlab tui runs/`)
+            raise ReaderError(
+                f"{run_dir} is a folder of runs, not one: `offloadlab tui --root {run_dir}` follows the newest"
+            )
         raise ReaderError(f"{run_dir}: no run store ({DB_NAME}) here, or it was deleted")
     try:
         return RunStore(run_dir)  # read-only: the TUI never writes a store or creates a file beside it
