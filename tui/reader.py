@@ -133,7 +133,13 @@ class RunEntry:
     strategies_total: int
 
 
-def _open(run_dir: Path) -> RunStore:
+PROGRESS_STEPS = 100_000
+"""SQLite's virtual-machine steps between checks of a read's stop: about a millisecond of its work. Each
+check takes the GIL from the screen's thread, so not every thousand."""
+
+
+def _open(run_dir: Path, stop: threading.Event | None = None) -> RunStore:
+    """The run's store, opened read-only; once `stop` is set its statements end (see read_store)."""
     if not (Path(run_dir) / DB_NAME).is_file():
         if runs_in(Path(run_dir)):  # a folder of runs given as one (a new user's `offloadlab tui runs/`)
             raise ReaderError(
@@ -141,14 +147,12 @@ def _open(run_dir: Path) -> RunStore:
             )
         raise ReaderError(f"{run_dir}: no run store ({DB_NAME}) here, or it was deleted")
     try:
-        return RunStore(run_dir)  # read-only: the TUI never writes a store or creates a file beside it
+        store = RunStore(run_dir)  # read-only: the TUI never writes a store or creates a file beside it
     except StoreError as err:
         raise ReaderError(str(err)) from err
-
-
-PROGRESS_STEPS = 100_000
-"""SQLite's virtual-machine steps between checks of a read's stop: about a millisecond of its work. Each
-check takes the GIL from the screen's thread, so not every thousand."""
+    if stop is not None:
+        store.conn.set_progress_handler(stop.is_set, PROGRESS_STEPS)
+    return store
 
 
 def read_store(run_dir: Path, read, stop: threading.Event | None = None, kept: KeptStore | None = None):
@@ -157,9 +161,7 @@ def read_store(run_dir: Path, read, stop: threading.Event | None = None, kept: K
     steps: a screen that closes (q, Ctrl-C) ends its read instead of waiting for it (a thread cannot be
     cancelled, and Python waits for it before the process exits: a day-long store's first read kept q
     waiting 0.9 s)."""
-    store = kept.store(stop) if kept is not None else _open(run_dir)
-    if kept is None and stop is not None:
-        store.conn.set_progress_handler(stop.is_set, PROGRESS_STEPS)
+    store = kept.store(stop) if kept is not None else _open(run_dir, stop)
     try:
         return read(store)
     except LookupError as err:
@@ -191,10 +193,8 @@ class KeptStore:
         identity = found and (found.st_dev, found.st_ino, read_only_mode(path))
         if self._open is None or self._open[1] != identity:
             self.close()
-            store = _open(self.run_dir)  # names what is wrong with a file that is missing or not a store
-            if stop is not None:
-                store.conn.set_progress_handler(stop.is_set, PROGRESS_STEPS)
-            self._open = (store, identity)
+            # _open names what is wrong with a file that is missing or not a store
+            self._open = (_open(self.run_dir, stop), identity)
         return self._open[0]
 
     def close(self) -> None:

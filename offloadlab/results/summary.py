@@ -221,7 +221,7 @@ class SummaryCache:
         re-deriving medians and phase means that one more step barely moves, and the cost grows with the
         steps. None (compare, report): every read is exact."""
         self._computed: dict[int, tuple[float, float]] = {}
-        """(when, seconds it took) of each strategy's last computation."""
+        """(when it started, seconds it took) of each strategy's last computation, on perf_counter's clock."""
         self.stored_baseline: tuple[tuple[float, str] | None] | None = None
         """Looked up once: (the stored no-offload baseline or None,), None before the lookup."""
 
@@ -239,7 +239,7 @@ class SummaryCache:
         else:
             started = time.perf_counter()
             summary = _summary(row, status, reason, followed, strategy)
-            self._computed[row["id"]] = (time.monotonic(), time.perf_counter() - started)
+            self._computed[row["id"]] = (started, time.perf_counter() - started)
         self.summaries[row["id"]] = (key, summary)
         return summary
 
@@ -247,7 +247,7 @@ class SummaryCache:
         if self.recompute_share is None or strategy_id not in self._computed:
             return False
         at, took = self._computed[strategy_id]
-        return time.monotonic() - at < took / self.recompute_share
+        return time.perf_counter() - at < took / self.recompute_share
 
     def follow(self, store: RunStore, strategy_id: int, finished: bool) -> FollowedStrategy:
         followed = self.strategies.setdefault(strategy_id, FollowedStrategy(strategy_id))

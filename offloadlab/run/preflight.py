@@ -78,9 +78,9 @@ def check_disk_for_run(spec: RunSpec, run_dir: Path, n_params: int) -> None:
     nvme_fs = spec.nvme_path if any(s.uses_nvme for s in spec.strategy) else None
     same_fs = nvme_fs is not None and os.stat(nvme_fs).st_dev == os.stat(run_fs).st_dev
     for strategy in spec.strategy:
-        engine = engine_for(strategy).planner  # not the adapter: that imports the engine's library (1.5-2.4 s)
-        swap = 1.1 * engine.swap_bytes(strategy, n_params, param_bytes)
-        checkpoint = engine.checkpoint_bytes(strategy, n_params, param_bytes) if spec.verify_checkpoint else 0
+        planner = engine_for(strategy).planner  # not the adapter: that imports the engine's library (1.5-2.4 s)
+        swap = 1.1 * planner.swap_bytes(strategy, n_params, param_bytes)
+        checkpoint = planner.checkpoint_bytes(strategy, n_params, param_bytes) if spec.verify_checkpoint else 0
         fix = " (or set verify_checkpoint = false, or pass --out on another drive)" if checkpoint else ""
         try:
             if same_fs:

@@ -355,8 +355,8 @@ class Runner:
 
     def _restores_at_world_1(self, job: StrategyJob) -> bool:
         """One host only: the check runs where rank 0 saved."""
-        engine = engine_for(self.spec.get_strategy(job.name))
-        return self.spec.nproc > 1 and self.launch.nnodes == 1 and engine.restores_at_other_world_size
+        record = engine_for(self.spec.get_strategy(job.name))
+        return self.spec.nproc > 1 and self.launch.nnodes == 1 and record.restores_at_other_world_size
 
     def _launch(self, job: StrategyJob, mode: str, progress: Progress, task, nproc: int | None = None) -> int:
         launch = self.launch if nproc is None else Launch()
