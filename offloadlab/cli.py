@@ -126,6 +126,9 @@ def main(ctx: click.Context) -> None:
 
     signal.signal(signal.SIGTERM, _signal_as_interrupt)
     signal.signal(signal.SIGHUP, _signal_as_interrupt)
+    # A shell starts a background job (`offloadlab run ... &`) with SIGINT ignored, and Python then sets no
+    # Ctrl-C handler: `kill -INT PID` would be lost instead of stopping the run and cleaning up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if ctx.invoked_subcommand in USES_OPS:
         with _refusing_bad_input():
             check_torch_extensions_dir()  # the user's own: checked before offloadlab sets one (ops.py)

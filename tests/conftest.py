@@ -152,10 +152,8 @@ CTRL_C_EXIT = (130, -signal.SIGINT)
 
 
 def start_cli(*args: str) -> subprocess.Popen:
-    """The CLI started in the background of a test, as from a terminal, so SIGINT is a Ctrl-C.
-
-    A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt
-    handler: under `bash .ci/run &` the SIGINT tests would see the CLI run to completion.
+    """The CLI started as a shell starts a background job (`offloadlab run ... &`): with SIGINT ignored.
+    Python then sets no Ctrl-C handler of its own; a SIGINT (`kill -INT`) must still stop it and clean up.
     """
     return subprocess.Popen(
         [sys.executable, "-m", "offloadlab.cli", *args],
@@ -163,7 +161,7 @@ def start_cli(*args: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
 
 

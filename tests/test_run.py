@@ -6,12 +6,14 @@ import json
 import math
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import CTRL_C_EXIT, STRATEGIES, cli, flat, start_cli, wait_for_worker, write_spec
+from conftest import CTRL_C_EXIT, STRATEGIES, cli, copy_store, flat, start_cli, wait_for_worker, write_spec
 from offloadlab.results.store import RunStore
 from offloadlab.results.summary import summarize
 
@@ -239,6 +241,24 @@ def test_a_world_2_fsdp2_checkpoint_is_restored_and_verified_at_world_1(world2):
     assert at_world_1.loss == pytest.approx(uninterrupted.loss, rel=1e-4)
     # DeepSpeed's checkpoints need its universal-checkpoint conversion first: checked at world size 2 only.
     assert "world size 1" not in summaries["zero3-nvme"].checkpoint_detail
+
+
+def test_the_workers_command_run_by_hand_on_a_finished_run_changes_nothing(world1, tmp_path):
+    """A strategy's log shows the worker's command line; run again by hand it must not record a second
+    training or a second checkpoint verdict (the checkpoint is gone: a verify would record a failure)."""
+    run_dir = copy_store(world1, tmp_path / "run")
+    store = RunStore(run_dir)
+    row = next(r for r in store.strategies(store.run()["id"]) if r["name"] == "fsdp2")
+    before = (row["checkpoint_verified"], row["checkpoint_detail"], len(store.steps(row["id"])))
+    store.close()
+    for mode in ("verify", "train"):
+        worker = [sys.executable, "-m", "offloadlab.train.worker", "--run-dir", str(run_dir), "--strategy", "fsdp2"]
+        proc = subprocess.run([*worker, "--mode", mode], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert "fsdp2 is not being run" in proc.stderr and "offloadlab run" in proc.stderr
+    store = RunStore(run_dir)
+    row = store.strategy(row["id"])
+    assert (row["checkpoint_verified"], row["checkpoint_detail"], len(store.steps(row["id"]))) == before
 
 
 def test_workers_get_exact_pinned_sizes_unless_the_user_set_allocator_options(tmp_path):

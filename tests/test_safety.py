@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import resource
 import shutil
 import signal
@@ -23,6 +24,7 @@ import pytest
 from conftest import CTRL_C_EXIT, REPO, STRATEGIES, cli, flat, start_cli, wait_for_worker, write_spec
 from offloadlab.checks import host as preflight
 from offloadlab.results.rundir import RunDir, RunDirError
+from offloadlab.results.status import Status
 from offloadlab.results.store import DB_NAME, RunStore
 from offloadlab.results.summary import summarize
 
@@ -203,7 +205,7 @@ def test_a_payload_planted_in_a_saved_checkpoint_is_refused_not_run(tmp_path):
         verify = next(line[2:] for line in log.splitlines() if line.startswith("$ ") and "--mode verify" in line)
         (run_dir / "tmp").mkdir(exist_ok=True)
         env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONSAFEPATH": "1", "TMPDIR": str(run_dir / "tmp")}
-        again = subprocess.run(verify.split(), cwd=run_dir, env=env, capture_output=True, text=True, timeout=600)
+        again = _verify_as_the_run_would(run_dir, name, verify.split(), env)
         assert again.returncode != 0
         assert not marker.exists(), f"{name}: the planted {planted.name} was unpickled"
         store = RunStore(run_dir)
@@ -211,6 +213,19 @@ def test_a_payload_planted_in_a_saved_checkpoint_is_refused_not_run(tmp_path):
         store.close()
         assert not row["checkpoint_verified"]
         assert f"was not loaded: changed since the save {planted.relative_to(step)}" in row["checkpoint_detail"]
+
+
+def _verify_as_the_run_would(run_dir: Path, name: str, command: list[str], env: dict) -> subprocess.CompletedProcess:
+    """The verify step as `offloadlab run` starts it: the run folder held and the strategy running (a
+    worker refuses to record anything into a run that is not running it)."""
+    held = RunDir(run_dir).lock()
+    try:
+        store = RunStore(run_dir, writable=True)
+        store.set_strategy_status(store.strategy_id(store.run()["id"], name), Status.RUNNING)
+        store.close()
+        return subprocess.run(command, cwd=run_dir, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        os.close(held)
 
 
 def _dead_run_left_running(tmp_path: Path, nvme_root: Path, sig: int) -> tuple[Path, list[int]]:
@@ -249,6 +264,9 @@ def test_a_killed_cli_takes_its_workers_with_it_and_the_next_run_removes_its_swa
     assert f"marked {run_dir} interrupted" in flat(later.stdout)
     assert not any(p.exists() for p in swap)
     assert RunStore(run_dir).run()["status"] == "interrupted"
+    listed = cli("compare", str(tmp_path / "runs")).stdout
+    # The strategy the dead run stopped is stored as failed ("interrupted: ..."), but it did not finish.
+    assert re.search(r"\br1\b.*interrupted.*\b0/1\b", listed) and re.search(r"\br2\b.*\b1/1\b", listed), listed
 
 
 def _steps_trained(run_dir: Path) -> int:

@@ -591,6 +591,11 @@ def test_the_running_strategy_comes_first_and_question_mark_lists_the_keys(fixed
             await wait_until(pilot, lambda: shown() == ["fsdp2"])
             # No NVML here: the GPU's series are left out, not drawn flat.
             assert not panels(app)["fsdp2"].query_one("#m-tx").display
+            # Seconds of steps in a 10-minute window: the sparklines spread those, and the line says so.
+            windows = panels(app)["fsdp2"].query_one(".windows")
+            assert re.search(r"sampled: \d+ s in a 10 min window \(w\)", text_of(windows)), text_of(windows)
+            await pilot.press("w")
+            await wait_until(pilot, lambda: "in a 1 h window (w)" in text_of(windows))
             await pilot.press("question_mark")
             await wait_until(pilot, lambda: bool(app.screen.query("HelpPanel")))
             await pilot.pause()
@@ -767,6 +772,47 @@ def test_a_status_this_version_does_not_write_reads_as_unknown(tmp_path):
         assert app.return_code in (0, None)
 
     asyncio.run(scenario())
+
+
+def test_a_verify_after_the_last_step_is_shown_and_an_interrupted_one_is_not_counted_finished(tmp_path, world1):
+    """At a billion parameters the checkpoint's verify takes minutes after the last step: the panel read
+    "step 4 of 4, ETA 0:00" all that time. Once its run died, the strategy it stopped counted as finished."""
+    from offloadlab.results.status import Status
+
+    run_dir = copy_store(world1, tmp_path / "runs" / "verifying")
+    store = RunStore(run_dir, writable=True)
+    run_id = store.run()["id"]
+    store.set_run_status(run_id, Status.RUNNING)
+    store.set_strategy_status(store.strategy_id(run_id, "fsdp2"), Status.RUNNING)  # its verify launched last
+    total = len(store.strategies(run_id))
+    store.close()
+    held = RunDir(run_dir).lock()  # as `offloadlab run` holds it
+
+    async def scenario():
+        nonlocal held
+        app = make_app(root=tmp_path / "runs", poll_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            header = app.screen.query_one("#run-header")
+            await wait_until(pilot, lambda: "fsdp2" in panels(app))
+            title = text_of(panels(app)["fsdp2"].query_one(".panel-title"))
+            assert re.search(r"step (\d+) of \1, verifying checkpoint", title), title
+            assert "verifying checkpoint" in text_of(header) and f"{total - 1}/{total} strategies finished" in (
+                text_of(header)
+            )
+            os.close(held)  # the run's process died
+            held = None
+            await wait_until(pilot, lambda: "interrupted" in text_of(header))
+            assert f"{total - 1}/{total} strategies finished" in text_of(header)
+            assert "verifying" not in text_of(panels(app)["fsdp2"].query_one(".panel-title"))
+        assert app.return_code in (0, None)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        if held is not None:
+            os.close(held)
+    listed = cli("compare", str(tmp_path / "runs")).stdout
+    assert f"{total - 1}/{total}" in listed and "interrupted" in listed
 
 
 def test_a_line_that_keeps_its_rows_is_shown_without_laying_the_screen_out():

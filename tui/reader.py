@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from offloadlab.results.figures import steady_state
+from offloadlab.results.figures import RANK_PROCESS_EVENT, steady_state
 from offloadlab.results.rundir import DB_NAME
-from offloadlab.results.status import Status
+from offloadlab.results.status import Status, ran_to_its_end
 from offloadlab.results.steps import TELEMETRY_NOTE
 from offloadlab.results.store import BIN_WIDTHS_S, RunStore, StoreError, TunePoint, read_only_mode, runs_in
 from offloadlab.results.summary import StrategySummary, SummaryCache, rank0_steps, summarize
@@ -69,8 +70,13 @@ class StrategyView:
     telemetry_notes: list[str]
     """Why some fields are absent (no NVML, no block device), as the sampler recorded it."""
     eta_s: float | None
+    stage: str | None
+    """What a running strategy does once its steps are done ("verifying checkpoint"), else None."""
     window_s: float
     """The sampled series' window (seconds); the per-step ones show the last WINDOW_STEPS steps."""
+    stepped_s: float
+    """From the first step's start to the last one's end: less than window_s, the sparklines spread that
+    time, not the window, over their width."""
 
     @property
     def name(self) -> str:
@@ -296,8 +302,21 @@ def _strategy_view(
         **{field: sampled(field) for field in SAMPLED},
         telemetry_notes=notes,
         eta_s=_eta(summary),
+        stage=_stage_after_steps(store, strategy_id, summary),
         window_s=window_s,
+        stepped_s=steps[-1].t_end - steps[0].t_start if steps else 0.0,
     )
+
+
+def _stage_after_steps(store: RunStore, strategy_id: int, summary: StrategySummary) -> str | None:
+    """A strategy still running after its last step restarted its ranks to verify its checkpoint (minutes
+    at a billion parameters): its last launch says so. Read only then, not at every poll of its steps."""
+    if summary.status is not Status.RUNNING or summary.steps_done < summary.steps_planned:
+        return None
+    launches = store.events(strategy_id, RANK_PROCESS_EVENT, rank=0)
+    if launches and json.loads(launches[-1]["detail"]).get("mode") == "verify":
+        return "verifying checkpoint"
+    return None
 
 
 class RunReader:
@@ -376,7 +395,7 @@ def _entry(run_dir: Path) -> RunEntry | None:
     def read(store: RunStore) -> RunEntry:
         run = store.run()
         strategies = store.strategies(run["id"])
-        finished = sum(1 for s in strategies if Status(s["status"]).finished)
+        finished = sum(ran_to_its_end(Status(s["status"]), s["reason"]) for s in strategies)
         kind = "tune" if run["name"] == TUNE_RUN_NAME else "run"
         return RunEntry(run_dir, run["name"], kind, store.run_status(), run["created_at"], finished, len(strategies))
 

@@ -16,7 +16,7 @@ from textual.containers import Grid, Vertical
 from textual.reactive import reactive
 from textual.widgets import DataTable, Label, Sparkline, Static
 
-from offloadlab.results.status import Status
+from offloadlab.results.status import Status, ran_to_its_end
 from offloadlab.results.steps import PHASES
 from offloadlab.results.store import TunePoint
 from offloadlab.results.summary import StrategySummary
@@ -214,7 +214,9 @@ class StrategyPanel(Vertical):
     def watch_view(self, view: StrategyView) -> None:
         s = view.summary
         progress = f"step {s.steps_done} of {s.steps_planned}"
-        if view.eta_s is not None:
+        if view.stage:
+            progress += f", {view.stage}"
+        elif view.eta_s is not None:
             progress += f", ETA {hours_minutes(view.eta_s)}"
         title = Text.assemble((s.name, "bold"), f"  {s.engine}  ", status_text(s), f"  {progress}")
         show_content(self.heading, title)
@@ -230,10 +232,10 @@ class StrategyPanel(Vertical):
             self.metrics[key].display = not view.gpu_absent
 
         done = s.status.finished
-        window = f"{view.window_s / 60:.0f} min" if view.window_s < 3600 else f"{view.window_s / 3600:.0f} h"
-        show_content(
-            self.windows, Text(f"step series: the last {WINDOW_STEPS} steps · sampled: the last {window} (w)", "dim")
-        )
+        sampled = f"the last {_span(view.window_s)}"
+        if view.stepped_s < view.window_s:  # a 6-hour window over 10 minutes of a run spreads those 10
+            sampled = f"{_span(view.stepped_s)} in a {_span(view.window_s)} window"
+        show_content(self.windows, Text(f"step series: the last {WINDOW_STEPS} steps · sampled: {sampled} (w)", "dim"))
         self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s", done)
         self.metrics["tps"].show(view.tokens_per_s, lambda v: f"{v:,.0f}", done)
         self.metrics["gpu"].show(view.gpu_allocated_bytes, human_bytes, done)
@@ -246,11 +248,17 @@ class StrategyPanel(Vertical):
         self.metrics["cpu"].show(view.host_cpu_percent, lambda v: f"{v:.0f}%", done, window_s=window_s)
 
 
+def _span(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.0f} h"
+
+
 class RunHeader(Static):
     """The run's name and state, and what runs now."""
 
     def show(self, view: RunView) -> None:
-        done = sum(1 for s in view.strategies if s.summary.status.finished)
+        done = sum(ran_to_its_end(s.summary.status, s.summary.reason) for s in view.strategies)
         folder = "" if view.run_dir.name == view.name else f"  {view.run_dir.name}"
         text = Text.assemble(
             (view.name, "bold"),
@@ -264,7 +272,8 @@ class RunHeader(Static):
         if current:
             s = current.summary
             eta = f", ETA {hours_minutes(current.eta_s)}" if current.eta_s is not None else ""
-            text.append(f"\nnow: {s.name} step {s.steps_done} of {s.steps_planned}{eta}", style="cyan")
+            stage = f", {current.stage}" if current.stage else eta
+            text.append(f"\nnow: {s.name} step {s.steps_done} of {s.steps_planned}{stage}", style="cyan")
             if view.eta is not None:
                 seconds, unknown = view.eta
                 more = f" + {unknown} strateg{'ies' if unknown > 1 else 'y'} without a plan" if unknown else ""

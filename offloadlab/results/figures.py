@@ -53,6 +53,8 @@ class RankProcess:
     """torch's name for the rank's device: "cuda:1", or "cpu"."""
     cpu_cores: tuple[int, ...]
     """The CPU ids the rank is bound to."""
+    mode: str = "train"
+    """What the launch does: train, or verify (restore the checkpoint in fresh ranks and check it)."""
 
 
 def swapped_nothing(tensors_on_nvme) -> bool:

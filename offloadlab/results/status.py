@@ -51,3 +51,9 @@ _STYLE = {
 
 # The reason an interrupted run's unfinished strategies show.
 DIED_REASON = "offloadlab's process ended before the run finished (a closed terminal, or killed)"
+
+
+def ran_to_its_end(status: Status, reason: str | None) -> bool:
+    """Finished by itself (done, failed, did not fit), not stopped with its run: a strategy that Ctrl-C or a
+    dead process ended is stored as failed with a reason that says "interrupted"."""
+    return status.finished and not (reason or "").startswith(Status.INTERRUPTED.value)

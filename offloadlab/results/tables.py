@@ -15,7 +15,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from offloadlab.results.status import Status
+from offloadlab.results.status import Status, ran_to_its_end
 from offloadlab.results.steps import PHASES
 from offloadlab.results.summary import StrategySummary
 
@@ -292,7 +292,7 @@ def list_runs(folder: Path) -> list[RunListed]:
             try:
                 run = store.run()
                 rows = store.strategies(run["id"])
-                done = sum(Status(r["status"]).finished for r in rows)
+                done = sum(ran_to_its_end(Status(r["status"]), r["reason"]) for r in rows)
                 listed.append(
                     RunListed(path, run["name"], str(store.run_status()), run["created_at"], done, len(rows))
                 )

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import tomllib
@@ -114,9 +115,9 @@ def record_model_facts(store: RunStore, strategy_id: int, spec: RunSpec, engine,
     store.add_events(strategy_id, 0, [(None, MODEL_FACTS_EVENT, now, now, json.dumps(asdict(facts)))])
 
 
-def record_rank_process(store: RunStore, strategy_id: int, ctx) -> None:
+def record_rank_process(store: RunStore, strategy_id: int, ctx, mode: str) -> None:
     cores = tuple(sorted(os.sched_getaffinity(0)))
-    rank = RankProcess(os.getpid(), socket.gethostname(), ctx.local_rank, str(ctx.device), cores)
+    rank = RankProcess(os.getpid(), socket.gethostname(), ctx.local_rank, str(ctx.device), cores, mode)
     now = time.time()
     store.add_events(strategy_id, ctx.rank, [(None, RANK_PROCESS_EVENT, now, now, json.dumps(asdict(rank)))])
 
@@ -191,6 +192,18 @@ def watch_the_run(run_dir: RunDir, period_s: float = 1.0) -> None:
         threading.Thread(target=watch, name="offloadlab-watch-run", daemon=True).start()
 
 
+def _not_being_run(run_dir: RunDir, status: Status, name: str) -> str | None:
+    """Why this process must not start: the command in a strategy's log, run again by hand, would record
+    a second result over the one its run made (a verify rewrites the checkpoint's verdict)."""
+    if run_dir.is_live() and status is Status.RUNNING:
+        return None
+    return (
+        f"{name} is not being run in {run_dir.root} (the strategy is {status.label}): this process is started "
+        "by `offloadlab run` for a strategy it is running. To train and check it again, run the spec the "
+        f"run wrote in a new folder: `offloadlab run {run_dir.root / 'spec.toml'} --out NEW_FOLDER`"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m offloadlab.train.worker")
     parser.add_argument("--run-dir", type=Path, required=True)
@@ -204,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = parse_spec(tomllib.loads(run["spec_toml"]), f"{args.run_dir}/spec")
     strategy = spec.get_strategy(args.strategy)
     strategy_id = store.strategy_id(run["id"], strategy.name)
+    refusal = _not_being_run(RunDir.at(args.run_dir), Status(store.strategy(strategy_id)["status"]), strategy.name)
+    if refusal:
+        store.close()
+        print(refusal, file=sys.stderr)
+        return 2
     ctx = DistContext.from_env()
     cores = cores_for_rank(ctx.local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", 1)), strategy.cpu_cores_per_rank)
     pin_this_rank(cores)
@@ -211,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     # Before any engine is built: DeepSpeed binds torch.distributed's functions when it starts, and its
     # swappers make their aio handles.
     CommMeter.install()
-    record_rank_process(store, strategy_id, ctx)
+    record_rank_process(store, strategy_id, ctx, args.mode)
     if strategy.uses_nvme:
         SwapMeter.install()
     try:
