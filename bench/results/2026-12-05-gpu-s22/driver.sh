@@ -8,7 +8,7 @@ export PYTHONPATH=$PWD:/tmp/hfsite${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p /tmp/torch_ext
 R=$1; mkdir -p "$R"; S=bench/results/2026-12-05-gpu-s22; : "${W:?source .device/setup.sh first: it sets W}"
 { nvidia-smi --query-gpu=name,memory.total --format=csv; nproc; date -u; } >> "$R/gpu.txt"
-ONLY=zero2-cpu,zero1-cpu,fsdp2-cpu-offload-dsadam,zero2-cpu-bf16master,zero2-cpu-zenflow
+ONLY=${ONLY:-zero2-cpu,zero1-cpu,fsdp2-cpu-offload-dsadam,zero2-cpu-bf16master,zero2-cpu-zenflow}
 case $2 in
 autotune)
   rm -rf "$W/autotune"

@@ -27,4 +27,7 @@ torchao)
   run check $S/torchao_check.toml
   run ao14 $S/torchao14.toml
   python3 -m offloadlab.cli compare "$W/ao14" --json > "$R/ao14_compare.json" 2>&1 ;;
+ao14)
+  run ao14 $S/torchao14.toml
+  python3 -m offloadlab.cli compare "$W/ao14" --json > "$R/ao14_compare.json" 2>&1 ;;
 esac
