@@ -155,10 +155,11 @@ def test_torchao_without_a_gpu_is_refused_before_any_work(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-NEW_OPTIONS = [
+FSDP2_CPU = {"name": "fsdp2-cpu", "engine": "fsdp2", "cpu_offload": True}
+FSDP2_CPU_DSADAM = FSDP2_CPU | {"name": "fsdp2-cpu-dsadam", "cpu_optimizer": "deepspeed"}
+NEW_OPTIONS = [  # FSDP2_CPU (torch's AdamW) is the reference in the two-rank test below
     {"name": "fsdp2", "engine": "fsdp2"},
-    {"name": "fsdp2-cpu", "engine": "fsdp2", "cpu_offload": True},
-    {"name": "fsdp2-cpu-dsadam", "engine": "fsdp2", "cpu_offload": True, "cpu_optimizer": "deepspeed"},
+    FSDP2_CPU_DSADAM,
     _strategy(name="zero2-cpu", zero_stage=2, offload_optimizer="cpu"),
     _strategy(
         name="zero2-zenflow",
@@ -194,8 +195,6 @@ def test_every_new_option_trains_from_the_same_start_and_restores(tmp_path, nvme
         assert s.status == "done" and s.checkpoint_verified, (name, s.reason, s.checkpoint_detail)
         assert losses[name][0] == pytest.approx(losses["fsdp2"][0], rel=1e-5), name  # ZenFlow's too
         assert s.practicality == pytest.approx(s.tokens_per_s / summaries["fsdp2"].tokens_per_s)
-    # DeepSpeed's CPU Adam on FSDP2's shards is AdamW: the same losses at every step as torch's.
-    assert losses["fsdp2-cpu-dsadam"] == pytest.approx(losses["fsdp2-cpu"], rel=1e-5)
     assert losses["zero3-nvme-pipelined"] == pytest.approx(losses["zero2-cpu"], rel=1e-4)
     zenflow = summaries["zero2-zenflow"]
     assert zenflow.exact is False and summaries["zero2-cpu"].exact is True
@@ -211,7 +210,7 @@ def test_every_new_option_trains_from_the_same_start_and_restores(tmp_path, nvme
 @pytest.mark.slow
 def test_deepspeeds_cpu_adam_on_two_fsdp2_ranks_matches_torchs(tmp_path):
     """Two ranks: the gradient norm for clipping is summed over both ranks' shards."""
-    strategies = [NEW_OPTIONS[1], NEW_OPTIONS[2]]
+    strategies = [FSDP2_CPU, FSDP2_CPU_DSADAM]
     spec = write_spec(tmp_path, strategies, **TINY, nproc=2, steps=3, grad_clip=0.05)
     printed = cli("run", str(spec), "--out", str(tmp_path / "run")).stdout
     store = RunStore(tmp_path / "run")
@@ -236,8 +235,8 @@ def test_deepspeeds_cpu_adam_on_two_fsdp2_ranks_matches_torchs(tmp_path):
 
 @pytest.mark.slow
 def test_plan_weighs_a_specs_zenflow_and_writes_it_back(tmp_path):
-    zenflow = NEW_OPTIONS[4]
-    spec = write_spec(tmp_path, [zenflow, NEW_OPTIONS[3]], model={"preset": "small-cpu"}, grad_accum=1)
+    zenflow, zero2 = (next(s for s in NEW_OPTIONS if s["name"] == name) for name in ("zero2-zenflow", "zero2-cpu"))
+    spec = write_spec(tmp_path, [zenflow, zero2], model={"preset": "small-cpu"}, grad_accum=1)
     proc = cli("plan", str(spec), "--write", str(tmp_path / "out"), "--strategy", "zero2-zenflow")
     assert "zero2-zenflow" in proc.stdout
     config = json.loads((tmp_path / "out" / "zero2-zenflow_deepspeed.json").read_text())
