@@ -70,8 +70,9 @@ def text_of(widget: Static) -> str:
     return str(widget.render())
 
 
-def cell(table: DataTable, row_key: str, column: int) -> str:
-    return str(table.get_row(row_key)[column])
+def cell(table: DataTable, row_key: str, column: str) -> str:
+    """The cell under the column of that label."""
+    return str(table.get_cell(row_key, column))
 
 
 async def start_job(pilot, app, key: str, answer: str) -> processes.Job:
@@ -129,19 +130,27 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
                 cpu = [v for t, _, v in store.samples(ids[name], "host.cpu(%)", after_t=first) if t <= last]
                 shown = f"{statistics.fmean(cpu):.0f}% mean" if cpu else "no data yet"
                 assert text_of(panel.query_one("#m-cpu .metric-value")) == shown
-                assert cell(table, name, 2) == f"{summary.median_step_time_s:.3f} / {summary.p90_step_time_s:.3f}"
-                assert cell(table, name, 4) == f"{summary.stalls} stall{'s' * (summary.stalls != 1)}"
-                assert cell(table, name, 5) == f"{summary.tokens_per_s:,.0f}"
-                assert cell(table, name, 6) == f"{summary.practicality:.0%}"  # against fsdp2, which offloads nothing
-                assert cell(table, name, 7) == "-"  # MFU: a CPU is not in the peak table
-                assert cell(table, name, 8) == f"{summary.last_loss_deviation:+.2%}"
+                assert (
+                    cell(table, name, "p50 / p90 s")
+                    == f"{summary.median_step_time_s:.3f} / {summary.p90_step_time_s:.3f}"
+                )
+                assert cell(table, name, "stalls") == f"{summary.stalls} stall{'s' * (summary.stalls != 1)}"
+                assert cell(table, name, "tokens/s") == f"{summary.tokens_per_s:,.0f}"
+                assert (
+                    cell(table, name, "practical") == f"{summary.practicality:.0%}"
+                )  # against fsdp2, which offloads nothing
+                assert cell(table, name, "MFU") == "-"  # MFU: a CPU is not in the peak table
+                assert cell(table, name, "Δ loss") == f"{summary.last_loss_deviation:+.2%}"
                 # The NVMe strategy's wait for its swaps; the others swap nothing.
                 assert (summary.nvme_wait_share is not None) is (name == "zero3-nvme")
-                assert cell(table, name, 13) == fmt_or_dash(summary.nvme_wait_share, "{:.0%}")
-                assert cell(table, name, 14) == human_bytes(summary.comm_bytes_per_step)
-                assert cell(table, name, 15) == f"{phase} {share:.0%}"
-                assert cell(table, name, 16) == f"{summary.cpu_threads}, {summary.optimizer_params_per_s / 1e6:,.0f}"
-                assert cell(table, name, 17) == "verified"
+                assert cell(table, name, "NVMe wait") == fmt_or_dash(summary.nvme_wait_share, "{:.0%}")
+                assert cell(table, name, "comm/step") == human_bytes(summary.comm_bytes_per_step)
+                assert cell(table, name, "bound by") == f"{phase} {share:.0%}"
+                assert (
+                    cell(table, name, "opt threads, M params/s")
+                    == f"{summary.cpu_threads}, {summary.optimizer_params_per_s / 1e6:,.0f}"
+                )
+                assert cell(table, name, "ckpt") == "verified"
             # The NVMe strategy's disk series moved (it wrote its swap files under the temp drive).
             assert max(panels(app)["zero3-nvme"].view.disk_write_bytes_per_s.values) > 0
 

@@ -284,9 +284,10 @@ class RunHeader(Static):
 class CompareTable(DataTable):
     """The strategies side by side; a row fills in when its strategy finishes."""
 
-    COLUMNS = (
+    COLUMNS = (  # the checkpoint's check after the status: at 120 columns the last ones are scrolled to
         "strategy",
         "status",
+        "ckpt",
         "p50 / p90 s",
         "max s",
         "stalls",
@@ -302,7 +303,6 @@ class CompareTable(DataTable):
         "comm/step",
         "bound by",
         "opt threads, M params/s",
-        "ckpt",
     )
 
     def on_mount(self) -> None:
@@ -362,6 +362,7 @@ class CompareTable(DataTable):
             # The reason is in the strategy's panel; the table keeps to one short word.
             s.name,
             status_text(s, with_reason=False),
+            ckpt,
             "-" if not finished else f"{fmt(s.median_step_time_s, '{:.3f}')} / {fmt(s.p90_step_time_s, '{:.3f}')}",
             fmt(s.max_step_time_s, "{:.2f}"),
             stalls(s) if finished else "-",
@@ -379,7 +380,6 @@ class CompareTable(DataTable):
             human_bytes(s.comm_bytes_per_step) if finished else "-",
             bound_by(s) if finished else "-",  # live in the panel's phase bar: a change here redrew the table
             f"{fmt_or_dash(s.cpu_threads, '{}')}, {optimizer_rate(s)}" if finished else "-",
-            ckpt,
         ]
 
 
