@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import signal
 import subprocess
@@ -243,22 +244,33 @@ def test_a_world_2_fsdp2_checkpoint_is_restored_and_verified_at_world_1(world2):
     assert "world size 1" not in summaries["zero3-nvme"].checkpoint_detail
 
 
-def test_the_workers_command_run_by_hand_on_a_finished_run_changes_nothing(world1, tmp_path):
+def test_the_workers_command_run_by_hand_changes_nothing_in_a_finished_run_or_a_live_one(world1, tmp_path):
     """A strategy's log shows the worker's command line; run again by hand it must not record a second
-    training or a second checkpoint verdict (the checkpoint is gone: a verify would record a failure)."""
+    training or a second checkpoint verdict (the checkpoint is gone: a verify would record a failure), nor,
+    while the run trains that strategy, train beside it into the same store."""
+    from offloadlab.results.rundir import RunDir
+    from offloadlab.results.status import Status
+
     run_dir = copy_store(world1, tmp_path / "run")
-    store = RunStore(run_dir)
+    store = RunStore(run_dir, writable=True)
     row = next(r for r in store.strategies(store.run()["id"]) if r["name"] == "fsdp2")
     before = (row["checkpoint_verified"], row["checkpoint_detail"], len(store.steps(row["id"])))
-    store.close()
-    for mode in ("verify", "train"):
-        worker = [sys.executable, "-m", "offloadlab.train.worker", "--run-dir", str(run_dir), "--strategy", "fsdp2"]
-        proc = subprocess.run([*worker, "--mode", mode], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 2, proc.stderr
-        assert "fsdp2 is not being run" in proc.stderr and "offloadlab run" in proc.stderr
-    store = RunStore(run_dir)
+    worker = [sys.executable, "-m", "offloadlab.train.worker", "--run-dir", str(run_dir), "--strategy", "fsdp2"]
+    for live in (False, True):
+        held = RunDir(run_dir).lock() if live else None  # as `offloadlab run` holds it, at the strategy
+        if live:
+            store.set_strategy_status(row["id"], Status.RUNNING)
+        try:
+            for mode in ("verify", "train"):
+                proc = subprocess.run([*worker, "--mode", mode], capture_output=True, text=True, timeout=300)
+                assert proc.returncode == 2, proc.stderr
+                assert "error: fsdp2 is not being run by this process's `offloadlab run`" in proc.stderr
+        finally:
+            if held is not None:
+                os.close(held)
     row = store.strategy(row["id"])
     assert (row["checkpoint_verified"], row["checkpoint_detail"], len(store.steps(row["id"]))) == before
+    store.close()
 
 
 def test_workers_get_exact_pinned_sizes_unless_the_user_set_allocator_options(tmp_path):

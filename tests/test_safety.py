@@ -23,6 +23,7 @@ import pytest
 
 from conftest import CTRL_C_EXIT, REPO, STRATEGIES, cli, flat, start_cli, wait_for_worker, write_spec
 from offloadlab.checks import host as preflight
+from offloadlab.results.figures import LAUNCH_EVENT, LAUNCH_TOKEN_ENV
 from offloadlab.results.rundir import RunDir, RunDirError
 from offloadlab.results.status import Status
 from offloadlab.results.store import DB_NAME, RunStore
@@ -216,13 +217,16 @@ def test_a_payload_planted_in_a_saved_checkpoint_is_refused_not_run(tmp_path):
 
 
 def _verify_as_the_run_would(run_dir: Path, name: str, command: list[str], env: dict) -> subprocess.CompletedProcess:
-    """The verify step as `offloadlab run` starts it: the run folder held and the strategy running (a
-    worker refuses to record anything into a run that is not running it)."""
+    """The verify step as `offloadlab run` starts it: the run folder held, the strategy running and the
+    launch's token recorded and handed over (a worker refuses to record into a run not running it)."""
     held = RunDir(run_dir).lock()
     try:
         store = RunStore(run_dir, writable=True)
-        store.set_strategy_status(store.strategy_id(store.run()["id"], name), Status.RUNNING)
+        strategy_id = store.strategy_id(store.run()["id"], name)
+        store.set_strategy_status(strategy_id, Status.RUNNING)
+        store.add_events(strategy_id, 0, [(None, LAUNCH_EVENT, time.time(), None, "a-test-launch")])
         store.close()
+        env = {**env, LAUNCH_TOKEN_ENV: "a-test-launch"}
         return subprocess.run(command, cwd=run_dir, env=env, capture_output=True, text=True, timeout=600)
     finally:
         os.close(held)

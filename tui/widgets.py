@@ -233,7 +233,7 @@ class StrategyPanel(Vertical):
 
         done = s.status.finished
         sampled = f"the last {_span(view.window_s)}"
-        if view.stepped_s < view.window_s:  # a 6-hour window over 10 minutes of a run spreads those 10
+        if 0 < view.stepped_s < view.window_s:  # a 6-hour window over 10 minutes of a run spreads those 10
             sampled = f"{_span(view.stepped_s)} in a {_span(view.window_s)} window"
         show_content(self.windows, Text(f"step series: the last {WINDOW_STEPS} steps · sampled: {sampled} (w)", "dim"))
         self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s", done)

@@ -40,6 +40,10 @@ def flops_per_token(n_params: int, n_layers: int, d_model: int, seq_len: int) ->
 
 MODEL_FACTS_EVENT = "model"
 RANK_PROCESS_EVENT = "rank_process"
+LAUNCH_EVENT = "launch"
+"""Recorded by `offloadlab run` as it starts a strategy's ranks: a token, handed to them in LAUNCH_TOKEN_ENV
+(not in the command its log shows), that a rank must hold to record anything."""
+LAUNCH_TOKEN_ENV = "OFFLOADLAB_LAUNCH_TOKEN"
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,13 @@ from rich.progress import (
 from offloadlab.checks.host import PINNED_EXACT_ABOVE, sets_pinned_exact
 from offloadlab.engines import engine_for
 from offloadlab.engines.ops import announce_on, ensure_built
-from offloadlab.results.figures import MODEL_FACTS_EVENT, RANK_PROCESS_EVENT, ModelFacts
+from offloadlab.results.figures import (
+    LAUNCH_EVENT,
+    LAUNCH_TOKEN_ENV,
+    MODEL_FACTS_EVENT,
+    RANK_PROCESS_EVENT,
+    ModelFacts,
+)
 from offloadlab.results.rundir import RunDir, RunDirError, is_disk_full, signals_ignored
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore, StoreError, is_run_store
@@ -376,6 +382,8 @@ class Runner:
         tmp = self.run_dir.job_tmp(job.name)
         tmp.mkdir(parents=True, exist_ok=True)
         self.oom_kills_before = oom_kills()
+        token = secrets.token_hex(16)
+        self.store.add_events(job.strategy_id, 0, [(None, LAUNCH_EVENT, time.time(), None, token)])
         with open(job.log, "a") as log:
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
@@ -384,7 +392,7 @@ class Runner:
                 cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=worker_env(os.environ, tmp),
+                env={**worker_env(os.environ, tmp), LAUNCH_TOKEN_ENV: token},
                 cwd=self.run_dir.root,
                 start_new_session=True,
             )

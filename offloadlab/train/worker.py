@@ -32,7 +32,14 @@ import torch
 from offloadlab.engines import engine_for
 from offloadlab.engines.base import Engine, build_engine
 from offloadlab.engines.dist import DistContext, end_rank
-from offloadlab.results.figures import MODEL_FACTS_EVENT, RANK_PROCESS_EVENT, ModelFacts, RankProcess
+from offloadlab.results.figures import (
+    LAUNCH_EVENT,
+    LAUNCH_TOKEN_ENV,
+    MODEL_FACTS_EVENT,
+    RANK_PROCESS_EVENT,
+    ModelFacts,
+    RankProcess,
+)
 from offloadlab.results.rundir import RunDir, is_disk_full
 from offloadlab.results.status import Status
 from offloadlab.results.store import RunStore
@@ -192,15 +199,19 @@ def watch_the_run(run_dir: RunDir, period_s: float = 1.0) -> None:
         threading.Thread(target=watch, name="offloadlab-watch-run", daemon=True).start()
 
 
-def _not_being_run(run_dir: RunDir, status: Status, name: str) -> str | None:
+def _not_being_run(store: RunStore, run_dir: RunDir, strategy_id: int, name: str) -> str | None:
     """Why this process must not start: the command in a strategy's log, run again by hand, would record
-    a second result over the one its run made (a verify rewrites the checkpoint's verdict)."""
-    if run_dir.is_live() and status is Status.RUNNING:
+    a second result over the one its run made (a verify rewrites the checkpoint's verdict), or beside the
+    ranks the run is training. Only the launch the run made last holds the token it recorded."""
+    status = Status(store.strategy(strategy_id)["status"])
+    launches = store.events(strategy_id, LAUNCH_EVENT, rank=0)
+    token = os.environ.get(LAUNCH_TOKEN_ENV)
+    if run_dir.is_live() and status is Status.RUNNING and launches and launches[-1]["detail"] == token:
         return None
     return (
-        f"{name} is not being run in {run_dir.root} (the strategy is {status.label}): this process is started "
-        "by `offloadlab run` for a strategy it is running. To train and check it again, run the spec the "
-        f"run wrote in a new folder: `offloadlab run {run_dir.root / 'spec.toml'} --out NEW_FOLDER`"
+        f"error: {name} is not being run by this process's `offloadlab run` in {run_dir.root} (the strategy is "
+        f"{status.label}): `offloadlab run` starts this process itself. To train and check it again, run the "
+        f"spec the run wrote in a new folder: `offloadlab run {run_dir.root / 'spec.toml'} --out NEW_FOLDER`"
     )
 
 
@@ -217,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = parse_spec(tomllib.loads(run["spec_toml"]), f"{args.run_dir}/spec")
     strategy = spec.get_strategy(args.strategy)
     strategy_id = store.strategy_id(run["id"], strategy.name)
-    refusal = _not_being_run(RunDir.at(args.run_dir), Status(store.strategy(strategy_id)["status"]), strategy.name)
+    refusal = _not_being_run(store, RunDir.at(args.run_dir), strategy_id, strategy.name)
     if refusal:
         store.close()
         print(refusal, file=sys.stderr)
