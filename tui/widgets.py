@@ -24,6 +24,7 @@ from offloadlab.results.tables import (
     against_plan,
     ago,
     bound_by,
+    duration,
     fmt_or_dash,
     human_bytes,
     loss_deviation,
@@ -232,9 +233,9 @@ class StrategyPanel(Vertical):
             self.metrics[key].display = not view.gpu_absent
 
         done = s.status.finished
-        sampled = f"the last {_span(view.window_s)}"
+        sampled = f"the last {duration(view.window_s)}"
         if 0 < view.stepped_s < view.window_s:  # a 6-hour window over 10 minutes of a run spreads those 10
-            sampled = f"{_span(view.stepped_s)} in a {_span(view.window_s)} window"
+            sampled = f"{duration(view.stepped_s)} in a {duration(view.window_s)} window"
         show_content(self.windows, Text(f"step series: the last {WINDOW_STEPS} steps · sampled: {sampled} (w)", "dim"))
         self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s", done)
         self.metrics["tps"].show(view.tokens_per_s, lambda v: f"{v:,.0f}", done)
@@ -246,12 +247,6 @@ class StrategyPanel(Vertical):
         self.metrics["read"].show(view.disk_read_bytes_per_s, _rate, done, no_disk, window_s)
         self.metrics["write"].show(view.disk_write_bytes_per_s, _rate, done, no_disk, window_s)
         self.metrics["cpu"].show(view.host_cpu_percent, lambda v: f"{v:.0f}%", done, window_s=window_s)
-
-
-def _span(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.0f} h"
 
 
 class RunHeader(Static):

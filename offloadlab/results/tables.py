@@ -30,12 +30,16 @@ def human_bytes(n: float | None) -> str:
     raise AssertionError("unreachable")
 
 
-def ago(seconds: float) -> str:
-    """How long ago, in the largest unit that is at least one: "40 s", "3 min", "13 h"."""
+def duration(seconds: float) -> str:
+    """In the largest unit that is at least one: "40 s", "3 min", "13 h"."""
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
-            return f"{seconds / size:.0f} {unit} ago"
-    return f"{max(seconds, 0):.0f} s ago"
+            return f"{seconds / size:.0f} {unit}"
+    return f"{max(seconds, 0):.0f} s"
+
+
+def ago(seconds: float) -> str:
+    return f"{duration(seconds)} ago"
 
 
 def fmt_or_dash(value: float | None, pattern: str) -> str:

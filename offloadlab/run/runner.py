@@ -289,7 +289,10 @@ class Runner:
             self.store.close()
 
     def _stop_and_clean_all(self, err: BaseException) -> list[Path]:
-        reason = "interrupted by the user" if isinstance(err, KeyboardInterrupt) else f"the run stopped: {err}"
+        # Begins with the status's word, as ran_to_its_end reads it: stopped with the run, not finished.
+        reason = (
+            f"{Status.INTERRUPTED} by the user" if isinstance(err, KeyboardInterrupt) else f"the run stopped: {err}"
+        )
         if is_disk_full(err):
             reason = f"the run folder's disk filled ({err}): free space on {self.run_dir.root}'s drive"
         left: list[Path] = []
