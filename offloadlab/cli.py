@@ -521,13 +521,16 @@ def _plan_json(outcome) -> dict:
 
 
 def _print_plan(outcome) -> None:
-    from offloadlab.plan.output import machine_table, past_the_largest, plan_table
+    from offloadlab.plan.output import machine_table, not_planned_text, past_the_largest, plan_table
     from offloadlab.plan.predict import why_winner
 
     inputs, predictions, width = outcome.inputs, outcome.predictions, _table_width()
     console.print(machine_table(inputs.machine, inputs.links), width=width)
     console.print(plan_table(predictions, f"offloadlab plan: {inputs.title}", inputs.machine), width=width)
     console.print(why_winner(predictions), width=width)
+    skipped = not_planned_text(inputs)
+    if skipped:
+        console.print(skipped, width=width, highlight=False)
     if outcome.past_largest:
         console.print(past_the_largest(*outcome.past_largest, predictions), width=width)
 

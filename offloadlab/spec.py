@@ -404,12 +404,20 @@ class TorchAOStrategy(_Strict):
     cpu_cores_per_rank: int | None = Field(default=None, gt=0)
     """Physical cores the rank is bound to, and the threads torch's AdamW runs on the CPU; default: this
     host's physical cores."""
+    ratio: float = Field(default=1.0, gt=0, le=1)
+    """The share of the offloadable parameters (in model order, the last ones) whose AdamW steps on the
+    CPU, as DeepSpeed's offload_optimizer ratio: the rest step on the GPU beside the CPU's steps, their Adam
+    moments kept there. Lower is faster where the GPU has the room."""
+    bf16_master_weights: bool = False
+    """The model, its gradients and the CPU's masters and Adam moments in bf16 (precision = "bf16"), as
+    DeepSpeed's option of that name: 8 bytes a parameter on the host instead of 16, half the PCIe copies
+    and half the memory the CPU step streams through; not exact AdamW (each update is rounded to bf16)."""
 
     @property
     def exact(self) -> bool:
         """torch's AdamW on fp32 master weights, with the spec's gradient clipping (offloadlab scales the
-        CPU gradients; torchao alone does not clip)."""
-        return True
+        CPU gradients; torchao alone does not clip); bf16 master weights round every update to bf16."""
+        return not self.bf16_master_weights
 
     @property
     def offloads(self) -> bool:

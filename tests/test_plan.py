@@ -27,7 +27,7 @@ from offloadlab.engines.fsdp2 import planner as fsdp2
 from offloadlab.plan.accounting import GiB, Links, Machine, Placement, Shape, shape_of_spec
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
 from offloadlab.plan.output import plan_table
-from offloadlab.plan.predict import candidate_placements, plan, predict, predict_step, why_winner
+from offloadlab.plan.predict import candidate_placements, plan, predict, predict_step, why_not_runnable, why_winner
 from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, TorchAOStrategy, load_spec
 from offloadlab.workload.model import GPT3_LEARNING_RATES, PRESETS, GPTConfig, gpt3_learning_rate
 
@@ -955,3 +955,40 @@ def test_torchao_is_planned_for_one_gpu_only_with_the_model_whole_on_it():
     assert on_gpu.step.parts["cpu_adam"] == pytest.approx(n / LINKS.cpu_adam_params_per_s, rel=0.01)
     freed = predict(on_gpu.placement.varied("ao-freed", offload_gradients=True), shape, machines["one GPU"], LINKS)
     assert freed.memory.gpu_bytes == pytest.approx(m.gpu_bytes - 4 * n + 4 * shape.largest_param_numel)
+    # bf16 master weights: the model, gradients, masters and moments all bf16, no autocast copies, half the
+    # PCIe bytes; the variant is offered for bf16 runs only, as an inexact option.
+    (bf16,) = engine_for(on_gpu.placement.strategy).placements.inexact_options(on_gpu.placement, "bf16", True, 1)
+    assert bf16.name == "torchao-cpu-offload-bf16master" and not bf16.strategy.exact
+    assert not engine_for(bf16.strategy).placements.inexact_options(on_gpu.placement, "fp32", True, 1)
+    halved = predict(bf16, shape, machines["one GPU"], LINKS)
+    assert halved.memory.gpu_turn["gradients (bf16)"] == pytest.approx(2 * n)
+    assert "autocast's bf16 weight copies" not in halved.memory.gpu_turn
+    assert halved.memory.pinned_bytes == pytest.approx(m.pinned_bytes / 2)
+    assert halved.memory.host_pageable["optimizer states"] == pytest.approx(4 * n, rel=0.01)
+    assert halved.step.bytes_moved["pcie_h2d"] == pytest.approx(on_gpu.step.bytes_moved["pcie_h2d"] / 2)
+    # ratio: the first parameters, up to (1 - ratio) of the offloaded elements, step on the GPU, their
+    # moments there; the CPU's step, the host's bytes and the copies shrink by that share.
+    offloaded = on_gpu.step.bytes_moved["pcie_h2d"] / 4
+    half = predict(on_gpu.placement.varied("ao-half", ratio=0.5), shape, machines["one GPU"], LINKS)
+    on_cpu = half.step.bytes_moved["pcie_h2d"] / 4
+    assert 0.45 * offloaded < on_cpu < 0.55 * offloaded  # whole parameters: near half, not exactly
+    assert half.memory.gpu_bytes - m.gpu_bytes == pytest.approx(8 * (offloaded - on_cpu))
+    assert half.memory.host_pageable["optimizer states"] == pytest.approx(8 * on_cpu)
+    assert half.step.parts["cpu_adam"] == pytest.approx(on_cpu / LINKS.cpu_adam_params_per_s)
+    # The plan offers the smallest ratio whose moments fit the GPU's spare bytes: on 80 GB, a tenth.
+    plan_80 = {x.placement.name: x for x in plan(shape, machines["one GPU"], LINKS, also=(bf16,))}
+    if "torchao-cpu-offload" in plan_80:
+        assert plan_80["torchao-cpu-offload-ratio0.1"].placement.strategy.ratio == 0.1
+        assert plan_80["torchao-cpu-offload-bf16master-ratio0.1"].fits
+    placements = engine_for(bf16.strategy).placements
+    moments = 2 * 2 * shape.n_params  # bf16 m and v
+    assert [x.strategy.ratio for x in placements.partial_offloads(bf16, shape, 1, 0.25 * moments)] == [
+        0.8,
+        0.9,
+    ]
+    assert placements.partial_offloads(half.placement, shape, 1, moments) == []
+    # A spec's own torchao strategy is not planned where no GPU is (it once won a CPU host's plan): plan
+    # prints why instead.
+    assert bf16.name not in {x.placement.name for x in plan(shape, machines["no GPU"], LINKS, also=(bf16,))}
+    assert why_not_runnable(bf16, machines["no GPU"]) == bf16.strategy.needs_cuda
+    assert "one GPU" in why_not_runnable(bf16, machines["two"])

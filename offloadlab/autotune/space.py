@@ -88,8 +88,8 @@ def search_space(inputs: PlanInputs, only: set[str] | None = None) -> list[Candi
         if unknown:
             raise SpecError(
                 f"--only {', '.join(sorted(unknown))}: not a placement the plan says fits; 'offloadlab plan SPEC' "
-                "lists them (the inexact options add -bf16master to ZeRO placements stepping on the CPU in bf16 runs, "
-                "and -zenflow on CUDA; torchao-cpu-offload needs one CUDA GPU and torchao installed)"
+                "lists them (the inexact options add -bf16master to ZeRO and torchao placements stepping on the "
+                "CPU in bf16 runs, and -zenflow on CUDA; torchao-cpu-offload needs one CUDA GPU and torchao installed)"
             )
     return tried_first(found)
 

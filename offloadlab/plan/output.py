@@ -13,9 +13,9 @@ from rich.table import Table
 from offloadlab.checks.host import check_new_files
 from offloadlab.engines import engine_for
 from offloadlab.engines.deepspeed.buffers import SwapBuffers
-from offloadlab.plan.accounting import GiB, Links, Machine, Shape, params_text
+from offloadlab.plan.accounting import GiB, Links, Machine, Placement, Shape, params_text
 from offloadlab.plan.inputs import PlanInputs
-from offloadlab.plan.predict import Prediction, usable, usable_text
+from offloadlab.plan.predict import Prediction, usable, usable_text, why_not_runnable
 from offloadlab.results.summary import Planned
 from offloadlab.spec import RunSpec, SpecError, apply_tuned, load_spec, strategy_from_store
 
@@ -88,8 +88,24 @@ def machine_table(m: Machine, link: Links) -> Table:
     return table
 
 
+def not_planned(inputs: PlanInputs) -> dict[str, str]:
+    """The spec's strategies a run on this machine would refuse, each with why: the plan leaves them out."""
+    reasons = {s.name: why_not_runnable(Placement(s), inputs.machine) for s in inputs.spec.strategy}
+    return {name: why for name, why in reasons.items() if why}
+
+
+def not_planned_text(inputs: PlanInputs) -> str | None:
+    """One line a reason: "not planned on this machine: a, b: why"."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in not_planned(inputs).items():
+        by_reason.setdefault(why, []).append(name)
+    lines = [f"not planned on this machine: {', '.join(names)}: {why}" for why, names in by_reason.items()]
+    return "\n".join(lines) or None
+
+
 def plan_json(inputs: PlanInputs, predictions: list[Prediction]) -> dict:
     return {
+        "not_planned": not_planned(inputs),
         "shape": asdict(inputs.shape),
         "machine": asdict(inputs.machine),
         "links": asdict(inputs.links),

@@ -35,16 +35,20 @@ def candidate_placements() -> list[Placement]:
     return [p for record in ENGINES for p in record.placements.candidates()]
 
 
+def why_not_runnable(p: Placement, machine: Machine) -> str | None:
+    """Why a run on this machine would refuse the placement: it needs CUDA where no GPU is planned for, it
+    trains on one GPU where there are several, or its engine's package is missing; None if it would not."""
+    if machine.gpu_mem_bytes is None and p.strategy.needs_cuda:
+        return p.strategy.needs_cuda
+    if machine.gpus > 1 and p.strategy.single_gpu:
+        return "it trains on one GPU only"
+    if not engine_for(p.strategy).installed:
+        return f"its package is not installed (pip install 'offloadlab[{engine_for(p.strategy).extra}]')"
+    return None
+
+
 def runnable(placements: list[Placement], machine: Machine) -> list[Placement]:
-    """The placements a run on this machine would not refuse: none that needs CUDA where no GPU is planned
-    for, none that trains on one GPU where there are several, none whose engine's package is missing."""
-    return [
-        p
-        for p in placements
-        if (machine.gpu_mem_bytes is not None or not p.strategy.needs_cuda)
-        and (machine.gpus <= 1 or not p.strategy.single_gpu)
-        and engine_for(p.strategy).installed
-    ]
+    return [p for p in placements if why_not_runnable(p, machine) is None]
 
 
 def predict_memory(
@@ -199,7 +203,7 @@ def plan(
     partial optimizer offload (ratio) when the GPU can hold part of the optimizer; feasible ones fastest first.
     `also`: placements a spec names beyond the candidates (ZenFlow, SuperOffload, tuned variants)."""
     out = []
-    for p in runnable(candidate_placements(), machine) + list(also):
+    for p in runnable(candidate_placements() + list(also), machine):
         pred = predict(p, shape, machine, links, buffers)
         if not pred.fits:
             checkpointed = predict(

@@ -1,5 +1,6 @@
 """torchao's CPUOffloadOptimizer on one GPU: the whole model on the GPU in fp32 (bf16 runs compute under
-autocast), each parameter's AdamW on the CPU, with the spec's gradient clipping added."""
+autocast; with bf16_master_weights the model itself is bf16), each parameter's AdamW on the CPU, with the
+spec's gradient clipping added."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from offloadlab.engines.base import Engine
 from offloadlab.engines.digests import digest_tree
 from offloadlab.engines.dist import DistContext
 from offloadlab.engines.ops import choose_deepspeed_accelerator, load_op
+from offloadlab.engines.torchao.planner import kept_on_gpu
 from offloadlab.spec import RunSpec, TorchAOStrategy
 from offloadlab.workload.data import Batch
 from offloadlab.workload.hf import initial_state, load_initial_state
@@ -29,10 +31,20 @@ class ClippedCPUOffload(CPUOffloadOptimizer):
     """torchao's optimizer with gradient clipping, which it lacks: the global norm over every gradient, then
     each CPU gradient scaled once its copy has landed, just before its parameter's AdamW step. The norm is
     taken from the GPU gradients; where they are freed after the copy (offload_gradients), from the CPU
-    copies. The GPU gradients are never scaled in place: their copies may still be reading them."""
+    copies. The GPU gradients are never scaled in place: their copies may still be reading them.
+    With ratio < 1 the first parameters, all but `ratio` of the offloadable elements, join torchao's small
+    ones on the GPU: their AdamW runs there while the CPU steps the rest."""
 
-    def __init__(self, params, cpu_optimizer: str, max_norm: float, offload_gradients: bool, **adamw):
-        super().__init__(params, _adamw(cpu_optimizer), offload_gradients=offload_gradients, **adamw)
+    def __init__(self, params, cpu_optimizer: str, max_norm: float, offload_gradients: bool, ratio: float, **adamw):
+        params = [p for p in params if p.requires_grad]
+        kept = kept_on_gpu([p.numel() for p in params], ratio)
+        build = _adamw(cpu_optimizer)
+        super().__init__(
+            [p for i, p in enumerate(params) if i not in kept], build, offload_gradients=offload_gradients, **adamw
+        )
+        if kept:  # torchao puts its small parameters in d_param_groups and d_opt: these join them
+            self.d_param_groups.append({"params": [params[i] for i in sorted(kept)]})
+            self.d_opt = build(self.d_param_groups, **adamw)
         self.max_norm, self.offload_gradients = max_norm, offload_gradients
 
     def _clip_coefficient(self) -> float:
@@ -79,11 +91,13 @@ class ClippedCPUOffload(CPUOffloadOptimizer):
 
 def _adamw(cpu_optimizer: str):
     """AdamW for a group of parameters: on the CPU the strategy's (DeepSpeed's CPU Adam or torch's fused),
-    on the GPU (torchao keeps parameters under 4,096 elements there) torch's fused."""
+    on the GPU (torchao keeps parameters under 4,096 elements there) torch's fused. Adam's moments take the
+    parameters' dtype: bf16 with bf16 master weights, as torch's AdamW makes them."""
 
     def build(groups, lr, betas, eps, weight_decay):
         first = groups[0]["params"]  # torchao passes one tensor a CPU group, a list for the GPU's
-        on_cpu = (first if isinstance(first, torch.Tensor) else first[0]).device.type == "cpu"
+        tensor = first if isinstance(first, torch.Tensor) else first[0]
+        on_cpu = tensor.device.type == "cpu"
         if on_cpu and cpu_optimizer == "deepspeed":
             from deepspeed.ops.adam import DeepSpeedCPUAdam
             from deepspeed.utils import logger
@@ -93,7 +107,13 @@ def _adamw(cpu_optimizer: str):
             logger.setLevel(logging.WARNING)
             try:
                 return DeepSpeedCPUAdam(
-                    groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, adamw_mode=True
+                    groups,
+                    lr=lr,
+                    betas=betas,
+                    eps=eps,
+                    weight_decay=weight_decay,
+                    adamw_mode=True,
+                    fp32_optimizer_states=tensor.dtype == torch.float32,
                 )
             finally:
                 logger.setLevel(level)
@@ -161,11 +181,14 @@ def build_torchao(spec: RunSpec, strategy: TorchAOStrategy, ctx: DistContext) ->
     if state is not None:
         load_initial_state(model, state)
     model.to(ctx.device)
+    if strategy.bf16_master_weights:
+        model.to(torch.bfloat16)
     optimizer = ClippedCPUOffload(
         model.parameters(),
         strategy.cpu_optimizer,
         max_norm=spec.grad_clip,
         offload_gradients=strategy.offload_gradients,
+        ratio=strategy.ratio,
         lr=spec.lr,
         betas=(0.9, 0.95),
         eps=1e-8,

@@ -1,6 +1,9 @@
-"""The torchao placement the planner proposes: CPUOffloadOptimizer with DeepSpeed's CPU Adam, on one GPU."""
+"""The torchao placements the planner proposes: CPUOffloadOptimizer with DeepSpeed's CPU Adam, on one GPU,
+its bf16-master variant, and both with part of the optimizer on the GPU where it has room."""
 
 from __future__ import annotations
+
+import math
 
 from offloadlab.plan.accounting import Placement, Shape
 from offloadlab.spec import TorchAOStrategy
@@ -15,8 +18,20 @@ def when_host_ram_binds(p: Placement) -> list[Placement]:
 
 
 def partial_offloads(p: Placement, shape: Shape, world: int, spare_gpu_bytes: float) -> list[Placement]:
-    return []
+    """The ratios whose GPU-kept Adam moments fit the GPU's spare bytes, smallest first (the plan keeps the
+    first that fits): the GPU steps the rest beside the CPU's steps."""
+    if p.strategy.ratio < 1 or p.activation_checkpointing:
+        return []
+    moment_bytes = 2 * (2 if p.strategy.bf16_master_weights else 4) * shape.n_params
+    keep_share = min(1.0, spare_gpu_bytes / moment_bytes)
+    return [
+        p.varied(f"{p.name}-ratio{tenths / 10:g}", ratio=tenths / 10)
+        for tenths in range(max(1, math.ceil((1 - keep_share) * 10)), 10)
+    ]
 
 
 def inexact_options(p: Placement, precision: str, on_cuda: bool, grad_accum: int) -> list[Placement]:
-    return []
+    """bf16 master weights and moments, for bf16 runs."""
+    if precision != "bf16" or p.strategy.bf16_master_weights:
+        return []
+    return [p.varied(f"{p.name}-bf16master", bf16_master_weights=True)]
