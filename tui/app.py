@@ -17,6 +17,11 @@ from .processes import Job
 from .reader import find_runs
 from .screens import DashboardScreen, RanksScreen, RunsScreen, TuneScreen
 
+POLL_S = 2.0
+"""Seconds between reads of the store, as nvitop's and btop's default: a 6-hour run's dashboard cost 2.3-2.5%
+of a core read every second (a redraw of the panel for each new step and sample), 1.5% every two
+(bench/long_run_ui.py, a writer adding a step a second)."""
+
 
 class OffloadlabApp(App):
     CSS_PATH = "offloadlab.tcss"
@@ -37,7 +42,7 @@ class OffloadlabApp(App):
         self,
         root: Path = Path("runs"),
         run_dir: Path | None = None,
-        poll_s: float = 1.0,
+        poll_s: float = POLL_S,
         clock: Callable[[], float] = time.time,
     ):
         super().__init__()
@@ -79,7 +84,10 @@ class OffloadlabApp(App):
 
 
 def make_app(
-    root: Path = Path("runs"), run_dir: Path | None = None, poll_s: float = 1.0, clock: Callable[[], float] = time.time
+    root: Path = Path("runs"),
+    run_dir: Path | None = None,
+    poll_s: float = POLL_S,
+    clock: Callable[[], float] = time.time,
 ) -> OffloadlabApp:
     """The app over the run stores under `root` (tests pass a folder of their own, and may fix the clock)."""
     return OffloadlabApp(root=root, run_dir=run_dir, poll_s=poll_s, clock=clock)
@@ -93,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--root", type=Path, help="Where run directories live (default: the given run's folder, else ./runs)"
     )
-    parser.add_argument("--poll", type=float, default=1.0, help="Seconds between reads of the run store")
+    parser.add_argument(
+        "--poll", type=float, default=POLL_S, help=f"Seconds between reads of the run store (default {POLL_S:g})"
+    )
     args = parser.parse_args(argv)
     make_app(root=root_of(args.run_dir, args.root), run_dir=args.run_dir, poll_s=args.poll).run()
 

@@ -13,6 +13,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -277,7 +278,7 @@ def _strategy_view(
     store: RunStore,
     strategy_id: int,
     steps: list,
-    notes: list[str],
+    events_of: Callable[[str], list],
     summary: StrategySummary,
     windows: dict[str, SampleWindow],
     window_s: float,
@@ -300,20 +301,20 @@ def _strategy_view(
         tokens_per_s=Series.of([r.tokens_per_s for r in shown], finished, summary.tokens_per_s),
         gpu_allocated_bytes=Series.of(allocated, finished, summary.peak_allocated_bytes),
         **{field: sampled(field) for field in SAMPLED},
-        telemetry_notes=notes,
+        telemetry_notes=[e["detail"] for e in events_of(TELEMETRY_NOTE)],
         eta_s=_eta(summary),
-        stage=_stage_after_steps(store, strategy_id, summary),
+        stage=_stage_after_steps(events_of, summary),
         window_s=window_s,
         stepped_s=steps[-1].t_end - steps[0].t_start if steps else 0.0,
     )
 
 
-def _stage_after_steps(store: RunStore, strategy_id: int, summary: StrategySummary) -> str | None:
+def _stage_after_steps(events_of: Callable[[str], list], summary: StrategySummary) -> str | None:
     """A strategy still running after its last step restarted its ranks to verify its checkpoint (minutes
-    at a billion parameters): its last launch says so. Read only then, not at every poll of its steps."""
+    at a billion parameters): its last launch says so. Looked at only then, not at every poll of its steps."""
     if summary.status is not Status.RUNNING or summary.steps_done < summary.steps_planned:
         return None
-    launches = store.events(strategy_id, RANK_PROCESS_EVENT, rank=0)
+    launches = events_of(RANK_PROCESS_EVENT)
     if launches and json.loads(launches[-1]["detail"]).get("mode") == "verify":
         return "verifying checkpoint"
     return None
@@ -363,12 +364,14 @@ class RunReader:
             strategy_id = ids[summary.name]
             steps = rank0_steps(store, self._cache, strategy_id)
             followed = self._cache.strategies.get(strategy_id)
-            # A strategy summarized from its stored figures was not followed: its notes are read (once,
-            # its view is kept).
-            notes = followed.events.get(TELEMETRY_NOTE, []) if followed else store.events(strategy_id, TELEMETRY_NOTE)
-            view = _strategy_view(
-                store, strategy_id, steps, [r["detail"] for r in notes], summary, windows, self.window_s
-            )
+
+            def events_of(kind: str, followed=followed, strategy_id=strategy_id) -> list:
+                # Rank 0's as the cache followed them: a query over every event of a day-long strategy
+                # cost 2 ms a poll. One summarized from its stored figures was not followed: its are read
+                # (once, its view is kept).
+                return followed.events.get(kind, []) if followed else store.events(strategy_id, kind, rank=0)
+
+            view = _strategy_view(store, strategy_id, steps, events_of, summary, windows, self.window_s)
             if summary.status.finished:
                 self._finished[summary.name] = view
             views.append(view)
