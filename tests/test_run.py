@@ -156,7 +156,7 @@ def _swap_folders(nvme_root: Path, strategy: str) -> list[Path]:
 def test_ctrl_c_stops_the_job_and_removes_what_the_run_created(tmp_path, nvme_root):
     bystander = nvme_root / "not-ours.bin"
     bystander.write_bytes(b"user data")
-    strategies = [STRATEGIES[1] | {"name": "interrupted"}]
+    strategies = [STRATEGIES[1] | {"name": "interrupted"}, STRATEGIES[0] | {"name": "never-started"}]
     spec = write_spec(tmp_path, strategies, steps=2000, nvme_path=str(nvme_root))
     run_dir = tmp_path / "run"
     proc = start_cli("run", str(spec), "--out", str(run_dir))
@@ -171,7 +171,8 @@ def test_ctrl_c_stops_the_job_and_removes_what_the_run_created(tmp_path, nvme_ro
     assert bystander.read_bytes() == b"user data"
     store = RunStore(run_dir)
     assert store.run()["status"] == "interrupted"
-    assert store.strategies(store.run()["id"])[0]["reason"] == "interrupted by the user"
+    reasons = [s["reason"] for s in store.strategies(store.run()["id"])]
+    assert reasons == ["interrupted by the user", "interrupted by the user before it started"]
     # compare says the run did not finish, and how long since it last recorded anything.
     assert re.search(r"\(interrupted, last update \d+ s ago\)", cli("compare", str(run_dir)).stdout)
 

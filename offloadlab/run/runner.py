@@ -304,8 +304,10 @@ class Runner:
         self.run_dir.release_space()  # and so does the reserve, whatever filled the disk (the store itself)
         for job in self.jobs:
             with contextlib.suppress(sqlite3.Error):
-                if Status(self.store.strategy(job.strategy_id)["status"]).unfinished:
-                    self.store.set_strategy_status(job.strategy_id, Status.FAILED, reason)
+                status = Status(self.store.strategy(job.strategy_id)["status"])
+                if status.unfinished:  # one that never started says so: "failed (0/400)" alone read as a crash
+                    why = f"{reason} before it started" if status is Status.PENDING else reason
+                    self.store.set_strategy_status(job.strategy_id, Status.FAILED, why)
         with contextlib.suppress(sqlite3.Error):
             self.store.set_run_status(self.run_id, Status.INTERRUPTED)
         return left
