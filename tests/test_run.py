@@ -272,6 +272,14 @@ def test_the_workers_command_run_by_hand_changes_nothing_in_a_finished_run_or_a_
     row = store.strategy(row["id"])
     assert (row["checkpoint_verified"], row["checkpoint_detail"], len(store.steps(row["id"]))) == before
     store.close()
+    # A mistyped strategy or folder gets the error, not a traceback, and the folder is left as it was.
+    not_a_run = tmp_path / "not-a-run"
+    not_a_run.mkdir()
+    for folder, strategy, says in ((run_dir, "fsdp3", "no strategy named 'fsdp3'"), (not_a_run, "fsdp2", "holds no")):
+        command = [*worker[:4], str(folder), "--strategy", strategy, "--mode", "train"]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not any(not_a_run.iterdir())
 
 
 def test_workers_get_exact_pinned_sizes_unless_the_user_set_allocator_options(tmp_path):

@@ -42,8 +42,8 @@ from offloadlab.results.figures import (
 )
 from offloadlab.results.rundir import RunDir, is_disk_full
 from offloadlab.results.status import Status
-from offloadlab.results.store import RunStore
-from offloadlab.spec import RunSpec, parse_spec
+from offloadlab.results.store import RunStore, StoreError
+from offloadlab.spec import RunSpec, SpecError, parse_spec
 from offloadlab.telemetry.probes import device_memory_total, device_name
 from offloadlab.telemetry.sampler import SamplerProcess
 from offloadlab.train.checkpoint import restore_and_check
@@ -223,12 +223,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nvme-dir", type=Path)
     args = parser.parse_args(argv)
     watch_the_run(RunDir.at(args.run_dir))
-    store = RunStore(args.run_dir, writable=True)
+    try:
+        store = RunStore(args.run_dir, writable=True)
+    except StoreError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     run = store.run()
     spec = parse_spec(tomllib.loads(run["spec_toml"]), f"{args.run_dir}/spec")
-    strategy = spec.get_strategy(args.strategy)
-    strategy_id = store.strategy_id(run["id"], strategy.name)
-    refusal = _not_being_run(store, RunDir.at(args.run_dir), strategy_id, strategy.name)
+    try:
+        strategy = spec.get_strategy(args.strategy)
+        strategy_id = store.strategy_id(run["id"], strategy.name)
+        refusal = _not_being_run(store, RunDir.at(args.run_dir), strategy_id, strategy.name)
+    except (SpecError, LookupError) as err:  # a hand-typed name: the command in a log has the right one
+        refusal = f"error: {err}"
     if refusal:
         store.close()
         print(refusal, file=sys.stderr)
