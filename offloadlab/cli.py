@@ -530,7 +530,7 @@ def _print_plan(outcome) -> None:
     console.print(why_winner(predictions), width=width)
     skipped = not_planned_text(inputs)
     if skipped:
-        console.print(skipped, width=width, highlight=False)
+        console.print(skipped, width=width, highlight=False, markup=False)
     if outcome.past_largest:
         console.print(past_the_largest(*outcome.past_largest, predictions), width=width)
 
@@ -590,7 +590,12 @@ def init(folder: Path, force: bool) -> None:
     help="Where run directories live (default: the folder RUN_DIR is in, else ./runs); without RUN_DIR the "
     "newest is followed.",
 )
-def tui(run_dir: Path | None, root: Path | None) -> None:
+@click.option(
+    "--poll",
+    type=click.FloatRange(min=0.1, max=3600),
+    help="Seconds between reads of the run store (default 2, as nvitop and btop refresh).",
+)
+def tui(run_dir: Path | None, root: Path | None, poll: float | None) -> None:
     """Open the live dashboard (runs, tuning, runs browser) in this terminal."""
     from importlib.metadata import entry_points
 
@@ -600,7 +605,8 @@ def tui(run_dir: Path | None, root: Path | None) -> None:
     if not found:
         _fail("the TUI is not installed (no offloadlab-tui entry point): reinstall offloadlab")
     # The TUI picks the root itself when none is given: beside RUN_DIR, so `r` lists the runs next to it.
-    next(iter(found)).load()([*(["--root", str(root)] if root else []), *([str(run_dir)] if run_dir else [])])
+    options = [*(["--root", str(root)] if root else []), *(["--poll", str(poll)] if poll else [])]
+    next(iter(found)).load()([*options, *([str(run_dir)] if run_dir else [])])
 
 
 if __name__ == "__main__":

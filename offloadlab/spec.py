@@ -450,7 +450,8 @@ class TorchAOStrategy(_Strict):
 
 
 Strategy = Annotated[Union[DeepSpeedStrategy, FSDP2Strategy, TorchAOStrategy], Field(discriminator="engine")]
-ENGINE_TAGS = ("deepspeed", "fsdp2", "torchao")
+STRATEGY_MODELS = {"deepspeed": DeepSpeedStrategy, "fsdp2": FSDP2Strategy, "torchao": TorchAOStrategy}
+ENGINE_TAGS = tuple(STRATEGY_MODELS)
 """The `engine` values: pydantic puts the one a strategy matched into an error's path, which is not a key."""
 _STRATEGY = TypeAdapter(Strategy)  # built once: building one takes milliseconds, and the TUI reads every second
 
@@ -542,8 +543,11 @@ class RunSpec(_Strict):
             raise ValueError(
                 "zenflow takes over DeepSpeed's gradient accumulation for its update_interval: set grad_accum = 1"
             )
-        if self.precision != "bf16" and any(getattr(s, "bf16_master_weights", False) for s in self.strategy):
-            raise ValueError('bf16_master_weights keeps bf16 copies of a bf16 model: set precision = "bf16"')
+        bf16_masters = [s.name for s in self.strategy if getattr(s, "bf16_master_weights", False)]
+        if self.precision != "bf16" and bf16_masters:
+            raise ValueError(
+                f'{bf16_masters[0]}: bf16_master_weights keeps bf16 copies of a bf16 model: set precision = "bf16"'
+            )
         one_gpu = [s.name for s in self.strategy if s.single_gpu]
         if one_gpu and self.nproc > 1:
             raise ValueError(
@@ -614,6 +618,22 @@ def _as_toml(value) -> str:
     return f'"{value}"' if isinstance(value, str) else str(value)
 
 
+def _hint(loc: tuple, full_loc: tuple) -> str:
+    """What an unknown key may have meant: the key DeepSpeed reads instead, the engines that take it (a
+    strategy's keys were suggested across engines: `ratio` on FSDP2 got "did you mean 'ratio'?"), or the
+    nearest valid key."""
+    unknown = str(loc[-1])
+    if unknown in _READ_INSTEAD:
+        return f" (did you mean {_READ_INSTEAD[unknown]!r}?)"
+    engine = next((p for p in full_loc if p in ENGINE_TAGS), None)
+    owners = [tag for tag, model in STRATEGY_MODELS.items() if tag != engine and unknown in model.model_fields]
+    if engine and owners:
+        takers = " and ".join(f'engine = "{o}"' for o in owners)
+        return f' for engine = "{engine}": {takers} strategies take it'
+    nearest = difflib.get_close_matches(unknown, _allowed_keys(loc), n=1)
+    return f" (did you mean {nearest[0]!r}?)" if nearest else ""
+
+
 def _format(err: ValidationError, source: str) -> str:
     """One line (the CLI's errors are): each problem as `key: what is wrong`, those of a value with the
     value given."""
@@ -622,10 +642,7 @@ def _format(err: ValidationError, source: str) -> str:
         loc = tuple(p for p in e["loc"] if p not in ENGINE_TAGS)
         key = ".".join(str(p) for p in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
-            nearest = [_READ_INSTEAD[loc[-1]]] if loc[-1] in _READ_INSTEAD else []
-            nearest = nearest or difflib.get_close_matches(str(loc[-1]), _allowed_keys(loc), n=1)
-            hint = f" (did you mean {nearest[0]!r}?)" if nearest else ""
-            problems.append(f"{key}: unknown key{hint}")
+            problems.append(f"{key}: unknown key{_hint(loc, e['loc'])}")
         elif e["type"] == "value_error" or not isinstance(e["input"], (bool, int, float, str)):
             problems.append(f"{key}: {e['msg'].removeprefix('Value error, ')}")
         else:

@@ -289,13 +289,17 @@ def test_nvme_bytes_per_step_follow_what_zero_infinity_swaps():
 
 
 def test_a_partial_optimizer_offload_is_offered_when_part_of_it_fits():
+    """At 40 GiB one of the 1.42B model's two sub-groups fits beside the rest (at 24 GiB none does, and the
+    row offered there was zero3-opt-cpu under another name)."""
     shape = _shape("gpt-1.4b")
-    machine = Machine(gpus=1, gpu_mem_bytes=24 * GiB, host_mem_bytes=128 * GiB, nvme_free_bytes=None)
-    names = [x.placement.name for x in plan(shape, machine, LINKS)]
-    partial = [n for n in names if n.startswith("zero3-opt-cpu-ratio")]
-    assert partial, names
-    ratio = float(partial[0].removeprefix("zero3-opt-cpu-ratio"))
-    assert 0 < ratio < 1
+    predictions = {}
+    for gib in (24, 40):
+        machine = Machine(gpus=1, gpu_mem_bytes=gib * GiB, host_mem_bytes=128 * GiB, nvme_free_bytes=None)
+        predictions[gib] = {x.placement.name: x for x in plan(shape, machine, LINKS)}
+    assert not [n for n in predictions[24] if n.startswith("zero3-opt-cpu-ratio")]
+    (partial,) = [x for n, x in predictions[40].items() if n.startswith("zero3-opt-cpu-ratio")]
+    assert 0 < partial.placement.strategy.ratio < 1 and partial.fits
+    assert partial.memory.host_bytes < predictions[40]["zero3-opt-cpu"].memory.host_bytes
 
 
 def test_a_partial_optimizer_offload_rescues_a_placement_host_ram_cannot_hold():
@@ -394,6 +398,18 @@ def test_a_partial_offload_moves_whole_sub_groups_and_the_gpu_updates_its_share_
     assert bound.parts["device_adam"] == pytest.approx(first / LINKS.device_adam_params_per_s)
     full = predict_step(partial.varied(partial.name, ratio=1.0), shape, 1, LINKS)
     assert "device_adam" not in full.parts and full.parts["cpu_adam"] > bound.parts["cpu_adam"]
+
+
+def test_zero3_ratios_are_offered_only_where_they_keep_part_of_the_optimizer_on_the_gpu():
+    """DeepSpeed moves whole sub-groups: a model of one keeps none of it on the GPU at any ratio, and a
+    helper found zero3-opt-cpu-ratio0.1 planned byte for byte as zero3-opt-cpu at 125M."""
+    offload = Placement(DeepSpeedStrategy(name="z", engine="deepspeed", zero_stage=3, offload_optimizer="cpu"))
+    placements = engine_for(offload.strategy).placements
+    assert placements.partial_offloads(offload, _shape("gpt-125m"), 1, 80 * GiB) == []
+    shape = _shape("gpt-1.4b")  # two sub-groups (1e9 elements and the rest): up to ratio 0.5 keeps the first
+    offered = placements.partial_offloads(offload, shape, 1, 80 * GiB)
+    assert [r.strategy.ratio for r in offered] == [0.1, 0.2, 0.3, 0.4, 0.5]
+    assert [deepspeed.host_optimizer_share(r, shape, 1) for r in offered] == [pytest.approx(0.286, abs=1e-3)] * 5
 
 
 def test_fsdp2_offload_keeps_its_blocks_gathered_where_the_gpu_has_room_for_the_whole_model():

@@ -27,6 +27,11 @@ def test_shipped_configs_load(path):
             "strategy.0.zero_stag: unknown key (did you mean 'zero_stage'?)",
         ),
         (
+            dict(strategy=[dict(name="a", engine="fsdp2", ratio=0.5)]),
+            'strategy.0.ratio: unknown key for engine = "fsdp2": engine = "deepspeed" and engine = "torchao" '
+            "strategies take it",
+        ),
+        (
             dict(strategy=[dict(name="a", engine="deepspeed", aio=dict(num_threads=4))]),
             "strategy.0.aio.num_threads: unknown key (did you mean 'intra_op_parallelism'?)",
         ),

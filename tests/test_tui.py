@@ -917,3 +917,15 @@ def test_a_store_replaced_between_polls_is_read_anew(tmp_path, fixed_root, world
     os.replace(demo / DB_NAME, run_dir / DB_NAME)
     assert [s.name for s in reader.read().strategies] == [s.name for s in read_run(fixed_root / "demo").strategies]
     reader.close()
+
+
+def test_a_poll_interval_that_would_spin_or_never_draw_is_refused_by_both_entry_points(capsys):
+    """0, a negative or a NaN interval left a blank screen spinning a core; `offloadlab tui` passes --poll on."""
+    from offloadlab_tui.app import main
+
+    for value in ("0", "-1", "nan", "abc"):
+        with pytest.raises(SystemExit) as refused:
+            main(["--poll", value])
+        assert refused.value.code == 2 and "--poll" in capsys.readouterr().err
+    proc = cli("tui", "--poll", "0", check=False)
+    assert proc.returncode == 2 and "--poll" in proc.stdout + proc.stderr

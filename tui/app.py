@@ -7,6 +7,7 @@ Installed as the `offloadlab_tui` package with an `offloadlab-tui` entry point (
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,10 +103,24 @@ def main(argv: list[str] | None = None) -> None:
         "--root", type=Path, help="Where run directories live (default: the given run's folder, else ./runs)"
     )
     parser.add_argument(
-        "--poll", type=float, default=POLL_S, help=f"Seconds between reads of the run store (default {POLL_S:g})"
+        "--poll",
+        type=poll_seconds,
+        default=POLL_S,
+        help=f"Seconds between reads of the run store (default {POLL_S:g})",
     )
     args = parser.parse_args(argv)
     make_app(root=root_of(args.run_dir, args.root), run_dir=args.run_dir, poll_s=args.poll).run()
+
+
+def poll_seconds(text: str) -> float:
+    """--poll's value: 0.1 s to an hour (0, a negative or a NaN interval spun a core with a blank screen)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0.1 <= seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0.1 to 3600")
+    return seconds
 
 
 def root_of(run_dir: Path | None, root: Path | None) -> Path:

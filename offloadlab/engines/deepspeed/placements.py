@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from offloadlab.engines.deepspeed.planner import ModelStateBytes
+from offloadlab.engines.deepspeed.planner import ModelStateBytes, host_optimizer_share
 from offloadlab.plan.accounting import Placement, Shape
 from offloadlab.spec import DeepSpeedStrategy, ZenFlowSettings
 
@@ -53,10 +53,12 @@ def partial_offloads(p: Placement, shape: Shape, world: int, spare_gpu_bytes: fl
         return []
     optimizer_bytes = ModelStateBytes.deepspeed(shape.param_bytes).optimizer * shape.n_params / world
     keep_share = min(1.0, spare_gpu_bytes / optimizer_bytes) if optimizer_bytes else 0.0
-    return [
+    ratios = [
         p.varied(f"zero3-opt-cpu-ratio{tenths / 10:g}", ratio=tenths / 10)
         for tenths in range(max(1, math.ceil((1 - keep_share) * 10)), 10)
     ]
+    # A model of one sub-group keeps none of it on the GPU at any ratio: such a row repeated zero3-opt-cpu.
+    return [r for r in ratios if host_optimizer_share(r, shape, world) < 1]
 
 
 # What hid ZenFlow's CPU update on a 1.42B GPT with 16 cores (bench/results/2026-12-05-h200-s21): automatic
