@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -68,6 +69,9 @@ def classify_failure(exc: BaseException, engine: type[Engine], budget: GpuBudget
     if own is not None:
         return own
     text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
+    # torch's OOM goes on for 600 characters about the whole GPU and its allocator: 22 lines of compare's
+    # status column. What failed is the allocation.
+    text = re.sub(r"(Tried to allocate [\d.]+ \w+\.).*", r"\1", text)
     if isinstance(exc, GpuBudgetError):
         return Status.DOES_NOT_FIT, str(exc)
     if budget is not None and "out of memory" in str(exc).lower():
