@@ -20,13 +20,14 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 from rich.console import Console
 
 from conftest import cli, flat, load_bench, write_spec
+from offloadlab.autotune.space import search_space
 from offloadlab.engines import engine_for
 from offloadlab.engines.deepspeed import planner as deepspeed
 from offloadlab.engines.deepspeed.buffers import buffers_for, sub_groups, swap_buffer_bytes
 from offloadlab.engines.fsdp2 import planner as fsdp2
 from offloadlab.plan.accounting import GiB, Links, Machine, Placement, Shape, shape_of_spec
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
-from offloadlab.plan.output import plan_table
+from offloadlab.plan.output import not_planned, not_planned_text, plan_table
 from offloadlab.plan.predict import candidate_placements, plan, predict, predict_step, why_not_runnable, why_winner
 from offloadlab.spec import DeepSpeedStrategy, FSDP2Strategy, TorchAOStrategy, load_spec
 from offloadlab.workload.model import GPT3_LEARNING_RATES, PRESETS, GPTConfig, gpt3_learning_rate
@@ -1008,3 +1009,19 @@ def test_torchao_is_planned_for_one_gpu_only_with_the_model_whole_on_it():
     assert bf16.name not in {x.placement.name for x in plan(shape, machines["no GPU"], LINKS, also=(bf16,))}
     assert why_not_runnable(bf16, machines["no GPU"]) == bf16.strategy.needs_cuda
     assert "one GPU" in why_not_runnable(bf16, machines["two"])
+
+
+def test_plan_and_autotune_say_which_of_a_specs_strategies_this_machine_would_refuse(tmp_path):
+    """Left out of the plan (and autotune's search), not silently: each with why, grouped by reason."""
+    strategies = [dict(name="ao", engine="torchao"), dict(name="ao-half", engine="torchao", ratio=0.5)]
+    spec = write_spec(tmp_path, [*strategies, dict(name="f", engine="fsdp2")], precision="bf16")
+    inputs = PlanInputs.gather(
+        PlanRequest(spec_path=spec, tuned_dir=tmp_path), Console(file=io.StringIO()), links=LINKS
+    )
+    if inputs.machine.gpu_mem_bytes is not None:
+        pytest.skip("this machine has a GPU")
+    assert set(not_planned(inputs)) == {"ao", "ao-half"}
+    text = not_planned_text(inputs)
+    assert text.startswith("not planned on this machine: ao, ao-half: ") and text.count("\n") == 0
+    names = {c.placement_name for c in search_space(inputs)}
+    assert names and not any(name.startswith("ao") for name in names)

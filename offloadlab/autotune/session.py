@@ -12,6 +12,7 @@ from offloadlab.autotune.search import Budget, Search, autotune, duration_text, 
 from offloadlab.autotune.space import search_space
 from offloadlab.engines.ops import announce_on, ensure_built
 from offloadlab.plan.inputs import PlanInputs, PlanRequest
+from offloadlab.plan.output import not_planned_text
 from offloadlab.run.runner import check_new_folder
 from offloadlab.spec import RunSpec, SpecError
 
@@ -52,6 +53,9 @@ def autotune_spec(request: AutotuneRequest, console: Console, report) -> Autotun
         f"within {duration_text(budget.seconds)} (counted from the start), {request.steps} steps each after "
         "the start-up"
     )
+    skipped = not_planned_text(inputs)
+    if skipped:  # a spec's strategy this machine would refuse (torchao on a CPU host) is not tried: say so
+        console.print(skipped, highlight=False, markup=False)
     ensure_built({op for c in candidates for op in c.prediction.placement.strategy.ops_needed}, announce_on(console))
     if budget.left() <= 0:
         raise SpecError(BUDGET_GONE)
