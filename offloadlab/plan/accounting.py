@@ -166,6 +166,14 @@ class Placement:
         checkpointing = self.activation_checkpointing if activation_checkpointing is None else activation_checkpointing
         return Placement(strategy, checkpointing)
 
+    def with_ratios(self, name: str, spare_gpu_bytes: float, optimizer_gpu_bytes: float) -> list["Placement"]:
+        """Partial optimizer offloads, `{name}-ratio{r}`: the ratios (share on the CPU, in tenths) whose GPU
+        part fits the spare bytes, smallest first, where all of the optimizer on the GPU would take
+        optimizer_gpu_bytes."""
+        keep_share = min(1.0, spare_gpu_bytes / optimizer_gpu_bytes) if optimizer_gpu_bytes else 0.0
+        smallest = max(1, math.ceil((1 - keep_share) * 10))
+        return [self.varied(f"{name}-ratio{tenths / 10:g}", ratio=tenths / 10) for tenths in range(smallest, 10)]
+
 
 @dataclass
 class Memory:

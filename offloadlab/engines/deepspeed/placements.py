@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from offloadlab.engines.deepspeed.planner import ModelStateBytes, host_optimizer_share
 from offloadlab.plan.accounting import Placement, Shape
 from offloadlab.spec import DeepSpeedStrategy, ZenFlowSettings
@@ -52,11 +50,7 @@ def partial_offloads(p: Placement, shape: Shape, world: int, spare_gpu_bytes: fl
     ):
         return []
     optimizer_bytes = ModelStateBytes.deepspeed(shape.param_bytes).optimizer * shape.n_params / world
-    keep_share = min(1.0, spare_gpu_bytes / optimizer_bytes) if optimizer_bytes else 0.0
-    ratios = [
-        p.varied(f"zero3-opt-cpu-ratio{tenths / 10:g}", ratio=tenths / 10)
-        for tenths in range(max(1, math.ceil((1 - keep_share) * 10)), 10)
-    ]
+    ratios = p.with_ratios("zero3-opt-cpu", spare_gpu_bytes, optimizer_bytes)
     # A model of one sub-group keeps none of it on the GPU at any ratio: such a row repeated zero3-opt-cpu.
     return [r for r in ratios if host_optimizer_share(r, shape, world) < 1]
 

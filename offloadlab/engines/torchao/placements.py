@@ -3,8 +3,7 @@ its bf16-master variant, and both with part of the optimizer on the GPU where it
 
 from __future__ import annotations
 
-import math
-
+from offloadlab.engines.torchao.planner import state_bytes
 from offloadlab.plan.accounting import Placement, Shape
 from offloadlab.spec import TorchAOStrategy
 
@@ -22,12 +21,8 @@ def partial_offloads(p: Placement, shape: Shape, world: int, spare_gpu_bytes: fl
     first that fits): the GPU steps the rest beside the CPU's steps."""
     if p.strategy.ratio < 1 or p.activation_checkpointing:
         return []
-    moment_bytes = 2 * (2 if p.strategy.bf16_master_weights else 4) * shape.n_params
-    keep_share = min(1.0, spare_gpu_bytes / moment_bytes)
-    return [
-        p.varied(f"{p.name}-ratio{tenths / 10:g}", ratio=tenths / 10)
-        for tenths in range(max(1, math.ceil((1 - keep_share) * 10)), 10)
-    ]
+    moment_bytes = 2 * state_bytes(p.strategy) * shape.n_params
+    return p.with_ratios(p.name, spare_gpu_bytes, moment_bytes)
 
 
 def inexact_options(p: Placement, precision: str, on_cuda: bool, grad_accum: int) -> list[Placement]:

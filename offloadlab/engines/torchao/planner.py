@@ -29,14 +29,14 @@ def _offloaded(shape: Shape, ratio: float) -> list[int]:
     return [n for i, n in enumerate(shape.param_numels) if n >= MINIMAL_SIZE and i not in kept]
 
 
-def _state_bytes(strategy: TorchAOStrategy) -> int:
+def state_bytes(strategy: TorchAOStrategy) -> int:
     """Bytes of each master, gradient and Adam moment: fp32, or bf16 with bf16 master weights."""
     return 2 if strategy.bf16_master_weights else 4
 
 
 def pinned_buffers(p: Placement, shape: Shape, world: int, buffers: object | None) -> list[float]:
     """A pinned master and a pinned gradient for each offloaded parameter."""
-    b = _state_bytes(p.strategy)
+    b = state_bytes(p.strategy)
     return [b * numel for numel in _offloaded(shape, p.strategy.ratio) for _ in range(2)]
 
 
@@ -48,7 +48,7 @@ def memory(p: Placement, shape: Shape, world: int, buffers: object | None, on_gp
     are bf16 and autocast copies nothing."""
     m, n = Memory(), shape.n_params
     offloaded = sum(_offloaded(shape, p.strategy.ratio))
-    b = _state_bytes(p.strategy)
+    b = state_bytes(p.strategy)
     dtype = "bf16" if b == 2 else "fp32"
     m.add("gpu", f"parameters ({dtype})", b * n)
     m.add("gpu", f"AdamW state of the parameters stepped on the GPU ({dtype})", 2 * b * (n - offloaded))
@@ -66,13 +66,13 @@ def memory(p: Placement, shape: Shape, world: int, buffers: object | None, on_gp
 def step_bytes(p: Placement, shape: Shape, world: int) -> dict[str, float]:
     """Each gradient goes down after every micro-batch's backward (the accumulated one again), each updated
     master comes back up once a step."""
-    moved = _state_bytes(p.strategy) * sum(_offloaded(shape, p.strategy.ratio))
+    moved = state_bytes(p.strategy) * sum(_offloaded(shape, p.strategy.ratio))
     return {"nvme_read": 0.0, "nvme_write": 0.0, "pcie_h2d": moved, "pcie_d2h": moved * shape.grad_accum}
 
 
 def param_upload_bytes(p: Placement, shape: Shape, world: int) -> float:
     """The updated masters, uploaded a parameter at a time while the next one steps."""
-    return _state_bytes(p.strategy) * sum(_offloaded(shape, p.strategy.ratio))
+    return state_bytes(p.strategy) * sum(_offloaded(shape, p.strategy.ratio))
 
 
 def param_nvme_read_bytes(p: Placement, shape: Shape, world: int) -> float:
@@ -93,7 +93,7 @@ def optimizer_phase(
     if p.strategy.offload_gradients:  # the norm is taken over the CPU copies
         out["host_passes"] = offloaded / links.host_passes_params_per_s
     if links.pcie_h2d:
-        out["last_upload"] = _state_bytes(p.strategy) * shape.largest_param_numel / links.pcie_h2d
+        out["last_upload"] = state_bytes(p.strategy) * shape.largest_param_numel / links.pcie_h2d
     return out
 
 
@@ -108,7 +108,7 @@ def overlapped_with_training(p: Placement) -> tuple[str, ...]:
 
 def checkpoint_bytes(strategy: TorchAOStrategy, n_params: int, param_bytes: int) -> int:
     """The weights and both Adam moments: 12 bytes a parameter in fp32, 6 with bf16 master weights."""
-    return 3 * _state_bytes(strategy) * n_params
+    return 3 * state_bytes(strategy) * n_params
 
 
 def swap_bytes(strategy: TorchAOStrategy, n_params: int, param_bytes: int) -> int:
