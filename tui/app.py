@@ -19,9 +19,9 @@ from .reader import find_runs
 from .screens import DashboardScreen, RanksScreen, RunsScreen, TuneScreen
 
 POLL_S = 2.0
-"""Seconds between reads of the store, as nvitop's and btop's default: a 6-hour run's dashboard cost 2.3-2.5%
-of a core read every second (a redraw of the panel for each new step and sample), 1.5% every two
-(bench/long_run_ui.py, a writer adding a step a second)."""
+"""Seconds between reads of the store, as nvitop's and btop's default: the dashboards of 6- and 24-hour runs
+cost 2.1-2.8% of a core read every second (a redraw of the panel for each new step and sample), 1.5-1.8%
+every two (bench/long_run_ui.py, a writer adding a step a second)."""
 
 
 class OffloadlabApp(App):
