@@ -592,10 +592,10 @@ def init(folder: Path, force: bool) -> None:
 )
 @click.option(
     "--poll",
-    type=click.FloatRange(min=0.1, max=3600),
-    help="Seconds between reads of the run store (default 2, as nvitop and btop refresh).",
+    metavar="SECONDS",
+    help="Seconds between reads of the run store (default 2, as nvitop and btop refresh; the TUI checks it).",
 )
-def tui(run_dir: Path | None, root: Path | None, poll: float | None) -> None:
+def tui(run_dir: Path | None, root: Path | None, poll: str | None) -> None:
     """Open the live dashboard (runs, tuning, runs browser) in this terminal."""
     from importlib.metadata import entry_points
 
@@ -605,7 +605,7 @@ def tui(run_dir: Path | None, root: Path | None, poll: float | None) -> None:
     if not found:
         _fail("the TUI is not installed (no offloadlab-tui entry point): reinstall offloadlab")
     # The TUI picks the root itself when none is given: beside RUN_DIR, so `r` lists the runs next to it.
-    options = [*(["--root", str(root)] if root else []), *(["--poll", str(poll)] if poll else [])]
+    options = [*(["--root", str(root)] if root else []), *(["--poll", poll] if poll is not None else [])]
     next(iter(found)).load()([*options, *([str(run_dir)] if run_dir else [])])
 
 
