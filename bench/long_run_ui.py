@@ -7,10 +7,14 @@ step, the sampler's flush (`add_samples`, then `StepFigures.store_final`, as tel
 with the sampler's metric names (host, one drive, six per GPU) at 10 Hz, and at a strategy's end its
 figures (`store_figures`, as the runner does). The last strategy is left running,
 a few steps from its end, with the run folder's lock held. Then, each in its own process as a user meets it:
-`compare`, `compare --json`, `report`; the TUI's first frame (process start to the comparison table's
-rows drawn), how long `q` takes to end it when pressed during its first read and after, and the CPU share
-of its poll over 10 s (at its default interval, and every second) while a writer appends a step, its events
-and a second of samples every second.
+`compare`, `compare --json`, `report` and the TUI's first frame (process start to the comparison table's
+rows drawn, a writer adding a step a second), each REPEATS times with the stores taken in turn (p50 and
+max: the first may read a store from the drive, the rest from the page cache, and a 2-core host's speed
+drifts over minutes: a ratio is of runs made side by side); how long `q` takes to end the TUI when pressed
+during its first read and after, and the CPU share of its poll over 10 s (at its default interval, and
+every second) while a writer appends a step, its events and a second of samples every second. The
+packages' bytecode is compiled first, as pip's install does (a checkout's stale .pyc files cost 0.1-0.2 s
+of compiling in each process).
 Goals (issue 38): compare, compare --json < 1 s; report < 3 s; first frame < 1 s; q < 0.5 s; poll < 2%
 of a core; the 24-hour store's figures within 1.3x of the 6-hour one's.
 """
@@ -18,10 +22,14 @@ of a core; the 24-hour store's figures within 1.3x of the 6-hour one's.
 from __future__ import annotations
 
 import argparse
+import compileall
+import contextlib
+import importlib
 import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -88,6 +96,8 @@ SHAPES = {
     "24h-8gpu": Shape(tuple(STRATEGIES), 24.0, 20.0, 8),
     "3h-nvme": Shape(("zero3-nvme",), 3.0, 51.0, 1),
     "8k-fsdp2": Shape(("fsdp2", "zero2-cpu"), 8000 * 0.15 / 3600, 0.15, 1),
+    # Ten steps: what a reader costs before any store (the interpreter's, the imports' and Textual's start).
+    "10-steps": Shape(("fsdp2",), 10 * 20.0 / 3600, 20.0, 1),
 }
 
 
@@ -224,6 +234,9 @@ while True:  # until killed: a step, its events and a second of samples, every s
 """
 
 
+REPEATS = 5
+
+
 def timed(*cmd: str) -> float:
     start = time.perf_counter()
     subprocess.run([sys.executable, *cmd], check=True, capture_output=True)
@@ -264,45 +277,93 @@ async def quit_during_first_read(run_dir):
         await pilot.press("q")
     return time.perf_counter() - quit_at
 
+async def first_frame(run_dir):
+    app = make_app(root=run_dir.parent, run_dir=run_dir)
+    async with app.run_test(size=(120, 40)) as pilot:
+        while not table_rows(app):
+            await pilot.pause(0.01)
+        first = time.perf_counter() - start
+        await pilot.press("q")
+    return first
+
 run_dir = Path(sys.argv[1])
-first, share, quit_after = asyncio.run(first_frame_and_poll(run_dir))  # polling at the default interval
-share_1s = asyncio.run(first_frame_and_poll(run_dir, poll_s=1.0))[1]
-print(first, share, share_1s, quit_after, asyncio.run(quit_during_first_read(run_dir)))
+if sys.argv[2] == "first":
+    print(asyncio.run(first_frame(run_dir)))
+else:
+    _, share, quit_after = asyncio.run(first_frame_and_poll(run_dir))  # polling at the default interval
+    share_1s = asyncio.run(first_frame_and_poll(run_dir, poll_s=1.0))[1]
+    print(share, share_1s, quit_after, asyncio.run(quit_during_first_read(run_dir)))
 """
 
 
-def tui_times(run_dir: Path) -> list[float]:
-    proc = subprocess.run([sys.executable, "-c", TUI, str(run_dir)], capture_output=True, text=True)
+def tui_times(run_dir: Path, what: str) -> list[float]:
+    """what: "first" (the first frame's seconds) or "poll" (poll shares at both intervals, q after, q during)."""
+    proc = subprocess.run([sys.executable, "-c", TUI, str(run_dir), what], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"the TUI's timing exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return [float(x) for x in proc.stdout.split()]
 
 
-def measure(run_dir: Path, shape_name: str) -> dict:
-    store = RunStore(run_dir)
-    counts = {t: store.conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("steps", "samples")}
-    store.close()
-    db_bytes = sum(p.stat().st_size for p in run_dir.glob(f"{DB_NAME}*"))
-    lock = RunDir.at(run_dir).lock()  # a live run: its process holds the folder, as `run` does
+@contextlib.contextmanager
+def live_writer(run_dir: Path, shape_name: str):
+    """A process appending a step, its events and a second of samples every second to the last strategy."""
+    writer = subprocess.Popen(
+        [sys.executable, "-c", LIVE_WRITER, str(run_dir), str(Path(__file__).parent), shape_name],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
-        compare_s = timed("-m", "offloadlab.cli", "compare", str(run_dir))
-        json_s = timed("-m", "offloadlab.cli", "compare", str(run_dir), "--json")
-        (run_dir / "report.html").unlink(missing_ok=True)
-        report_s = timed("-m", "offloadlab.cli", "report", str(run_dir), "--out", str(run_dir / "report.html"))
-        writer = subprocess.Popen(
-            [sys.executable, "-c", LIVE_WRITER, str(run_dir), str(Path(__file__).parent), shape_name],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
         writer.stdout.readline()
-        try:
-            first, poll, poll_1s, quit_after, quit_during = tui_times(run_dir)
-        finally:
-            writer.kill()
-            writer.wait()
+        yield
     finally:
-        os.close(lock)
-    return dict(**counts, db_bytes=db_bytes, compare=compare_s, json=json_s, report=report_s, first=first,
-                quit_during=quit_during, quit_after=quit_after, poll=poll, poll_1s=poll_1s)  # fmt: skip
+        writer.kill()
+        writer.wait()
+
+
+def time_readers(run_dir: Path, shape_name: str) -> dict[str, float]:
+    """One run of each timed reader, as a user meets it."""
+    (run_dir / "report.html").unlink(missing_ok=True)
+    seconds = dict(
+        compare=timed("-m", "offloadlab.cli", "compare", str(run_dir)),
+        json=timed("-m", "offloadlab.cli", "compare", str(run_dir), "--json"),
+        report=timed("-m", "offloadlab.cli", "report", str(run_dir), "--out", str(run_dir / "report.html")),
+    )
+    with live_writer(run_dir, shape_name):
+        seconds["first"] = tui_times(run_dir, "first")[0]
+    return seconds
+
+
+def measure(folder: Path, names: list[str], console: Console) -> dict[str, dict]:
+    """Each reader REPEATS times, the stores taken in turn each time: a host's speed drifts over minutes,
+    and the ratio is of runs made side by side. Then each store's TUI poll and q."""
+    results = {}
+    for name in names:
+        store = RunStore(folder / name)
+        results[name] = {
+            t: store.conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("steps", "samples")
+        }
+        store.close()
+        results[name]["db_bytes"] = sum(p.stat().st_size for p in (folder / name).glob(f"{DB_NAME}*"))
+    locks = [RunDir.at(folder / name).lock() for name in names]  # live runs: their processes hold the folders
+    try:
+        for repeat in range(REPEATS):
+            for name in names:
+                console.log(f"{name}: readers, {repeat + 1} of {REPEATS}")
+                for key, seconds in time_readers(folder / name, name).items():
+                    results[name].setdefault(key, []).append(seconds)
+        for name in names:
+            console.log(f"{name}: the TUI's poll")
+            with live_writer(folder / name, name):
+                poll, poll_1s, quit_after, quit_during = tui_times(folder / name, "poll")
+            results[name].update(poll=poll, poll_1s=poll_1s, quit_after=quit_after, quit_during=quit_during)
+    finally:
+        for lock in locks:
+            os.close(lock)
+    return results
+
+
+def compile_bytecode() -> None:
+    for package in ("offloadlab", "offloadlab_tui"):
+        compileall.compile_dir(Path(importlib.import_module(package).__file__).parent, quiet=1)
 
 
 def gpu_hours(shape: Shape) -> float:
@@ -321,27 +382,34 @@ def main() -> None:
         parser.error(f"unknown shape(s) {', '.join(unknown)}: choose from {', '.join(SHAPES)}")
     folder = args.folder or Path(tempfile.mkdtemp(prefix="long-run-ui-"))
     console = Console(width=80)
-    results = {}
+    compile_bytecode()
     try:
         for name in names:
-            run_dir = folder / name
-            if not (run_dir / DB_NAME).exists():
+            if not (folder / name / DB_NAME).exists():
                 build(folder, name, SHAPES[name], console)
-            console.log(f"{name}: timing")
-            results[name] = measure(run_dir, name)
-        print_results(console, results)
+        print_results(console, measure(folder, names, console))
     finally:
         if not args.keep and args.folder is None:
             shutil.rmtree(folder)
 
 
+def _cell(value: float | list[float], fmt: str | None) -> str:
+    """A figure, or a repeated one's p50 and max (the ratio is of the p50s)."""
+    if isinstance(value, list):
+        return f"{fmt.format(statistics.median(value))} / {fmt.format(max(value))}"
+    return f"{value / GiB:.2f}" if fmt is None else fmt.format(value)
+
+
 def print_results(console: Console, results: dict) -> None:
-    table = Table(title="seconds; the poll as a share of one core")
+    table = Table(
+        title=f"seconds (p50 / max of {REPEATS}); the poll as a share of one core; ratio: the last store's p50s "
+        "over the one before's"
+    )
     table.add_column("", justify="left")
     for name in results:
         table.add_column(name, justify="right")
-    if len(results) == 2:
-        table.add_column("ratio", justify="right")
+    if len(results) >= 2:
+        table.add_column("ratio", justify="right")  # the last store's over the one before
     rows = (
         ("steps (all ranks)", "steps", "{:,}"), ("samples", "samples", "{:,}"), ("store GiB", "db_bytes", None),
         ("compare", "compare", "{:.2f}"), ("compare --json", "json", "{:.2f}"), ("report", "report", "{:.2f}"),
@@ -351,8 +419,9 @@ def print_results(console: Console, results: dict) -> None:
     )  # fmt: skip
     for label, key, fmt in rows:
         values = [r[key] for r in results.values()]
-        cells = [f"{v / GiB:.2f}" if fmt is None else fmt.format(v) for v in values]
-        ratio = [f"{values[1] / values[0]:.2f}x"] if len(values) == 2 and values[0] else []
+        medians = [statistics.median(v) if isinstance(v, list) else v for v in values]
+        cells = [_cell(v, fmt) for v in values]
+        ratio = [f"{medians[-1] / medians[-2]:.2f}x" if medians[-2] else "-"] if len(values) >= 2 else []
         table.add_row(label, *cells, *ratio)
     console.print(table)
     for name, r in results.items():

@@ -96,6 +96,13 @@ def panels(app) -> dict[str, StrategyPanel]:
     return {p.strategy_name: p for p in app.screen.query(StrategyPanel) if p.view is not None}
 
 
+def drawn(app, strategies: int) -> bool:
+    """The dashboard shows that many panels, their sampled series included (a first read leaves them to
+    the next)."""
+    shown = getattr(app.screen, "shown", None)
+    return len(panels(app)) == strategies and shown is not None and not shown.samples_pending
+
+
 def test_the_dashboard_shows_the_runs_own_numbers(root):
     expected = {s.name: s for s in summarize(RunStore(root / "world1"))}
     store = RunStore(root / "world1")
@@ -105,7 +112,7 @@ def test_the_dashboard_shows_the_runs_own_numbers(root):
         app = make_app(root=root, poll_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
             # Both stores are under root; the dashboard follows the newest run, not the tune.
-            await wait_until(pilot, lambda: len(panels(app)) == 4)
+            await wait_until(pilot, lambda: drawn(app, 4))
             assert isinstance(app.screen, DashboardScreen)
             table = app.screen.query_one(CompareTable)
             for name, summary in expected.items():
@@ -454,7 +461,7 @@ def _ready(app, screen_type) -> bool:
     if not isinstance(screen, screen_type) or not screen.query("FooterKey"):
         return False
     if isinstance(screen, DashboardScreen):
-        return len(panels(app)) == 3 and screen.query_one(CompareTable).row_count == 3
+        return drawn(app, 3) and screen.query_one(CompareTable).row_count == 3
     if isinstance(screen, TuneScreen):
         return screen.query_one(TuneHeatmap).row_count > 0
     return screen.query_one("#runs", DataTable).row_count == 2
@@ -562,6 +569,62 @@ def test_the_run_given_is_the_first_run_read_and_follow_prefers_the_running_one(
     assert set(asyncio.run(first_run_shown())) == {"demo"}  # running, though "newer" is newer
 
 
+def test_the_first_read_begins_with_the_app_and_the_series_follow_it(root, monkeypatch):
+    """The run given is read from the moment the app is made, in a thread beside Textual's start; that
+    first read leaves the sampled series to a second, made as soon as it is drawn (not a poll later: the
+    poll here is a minute)."""
+    from offloadlab_tui import reader
+
+    reads = []
+    original = reader.RunReader.read
+
+    def read(self):
+        view = original(self)
+        reads.append((threading.current_thread().name, view))
+        return view
+
+    monkeypatch.setattr(reader.RunReader, "read", read)
+
+    async def scenario():
+        app = make_app(root=root, run_dir=root / "world1", poll_s=60.0)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: drawn(app, 4), timeout=10)
+            return {name: p.view for name, p in panels(app).items()}
+
+    views = asyncio.run(scenario())
+    (first_thread, first), (_, second) = reads[:2]
+    assert first_thread == "offloadlab-first-read" and first.samples_pending and not second.samples_pending
+    whole = {s.name: s for s in read_run(root / "world1").strategies}  # a read of everything at once
+    assert any(s.host_cpu_percent.values for s in whole.values())
+    for strategy in first.strategies:
+        assert not strategy.host_cpu_percent.values
+        assert views[strategy.name].host_cpu_percent == whole[strategy.name].host_cpu_percent
+
+
+def test_q_during_the_first_read_stops_it(fixed_root, monkeypatch):
+    """The read begun with the app ends when the app quits: Python waits for its thread before the
+    process exits (here the read waits for its stop, as a long statement ends at its next step)."""
+    from offloadlab_tui import reader
+
+    stopped = threading.Event()
+
+    def read(self):
+        stopped.set() if self.stop.wait(10) else None
+        raise ReaderError("interrupted")
+
+    monkeypatch.setattr(reader.RunReader, "read", read)
+
+    async def scenario():
+        app = make_app(root=fixed_root, run_dir=fixed_root / "demo")
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(0.2)
+            start = time.monotonic()
+            await pilot.press("q")
+        return time.monotonic() - start
+
+    assert asyncio.run(scenario()) < 1.0 and stopped.is_set()
+
+
 def test_the_comparison_table_stays_scrolled_across_polls(fixed_root):
     """At 80 columns most of the table is off to the right; each poll used to clear and refill it, snapping
     a user's scroll back to the left every second."""
@@ -658,7 +721,7 @@ def test_panels_hold_each_peak_against_the_gpu_budget_the_ram_the_link_and_the_p
     async def scenario():
         app = make_app(root=tmp_path, run_dir=tmp_path / "b24", poll_s=0.2)
         async with app.run_test(size=size) as pilot:
-            await wait_until(pilot, lambda: len(panels(app)) == 3)
+            await wait_until(pilot, lambda: drawn(app, 3))
             for name in ("zero3-opt-cpu", "fsdp2-cpu-dsadam"):
                 s = expected[name]
                 gpu = f"{s.peak_reserved_bytes / s.gpu_budget_bytes:.0%}"

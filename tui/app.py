@@ -15,7 +15,7 @@ from pathlib import Path
 from textual.app import App
 
 from .processes import Job
-from .reader import find_runs
+from .reader import FirstRead, find_runs
 from .screens import DashboardScreen, RanksScreen, RunsScreen, TuneScreen
 
 POLL_S = 2.0
@@ -56,13 +56,28 @@ class OffloadlabApp(App):
         self.pinned_tune: Path | None = None
         self.jobs: list[Job] = []
         self._start_mode: str | None = None
+        self._first_read: FirstRead | None = None
         if run_dir is not None:
             # Pinned before the first screen reads anything: its first frame is this run, no other.
             self._start_mode = self._pin(Path(run_dir))
+            if self._start_mode == "dashboard":
+                self._first_read = FirstRead(self.pinned_run)
 
     def on_mount(self) -> None:
         if self._start_mode == "tune":
             self.switch_mode("tune")
+
+    def on_unmount(self) -> None:
+        if self._first_read is not None:
+            self._first_read.stop()
+
+    def take_first_read(self, run_dir: Path) -> FirstRead | None:
+        """The read begun as the app was made, once, for the dashboard's first read of that run."""
+        first_read, self._first_read = self._first_read, None
+        if first_read is not None and first_read.reader.run_dir != run_dir:
+            first_read.stop()
+            return None
+        return first_read
 
     def _pin(self, path: Path) -> str:
         entry = next((e for e in find_runs(path) if e.path == path), None)

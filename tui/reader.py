@@ -22,7 +22,7 @@ from offloadlab.results.rundir import DB_NAME
 from offloadlab.results.status import Status, ran_to_its_end
 from offloadlab.results.steps import TELEMETRY_NOTE
 from offloadlab.results.store import BIN_WIDTHS_S, RunStore, StoreError, TunePoint, read_only_mode, runs_in
-from offloadlab.results.summary import StrategySummary, SummaryCache, rank0_steps, summarize
+from offloadlab.results.summary import StrategySummary, SummaryCache, summarize
 
 TUNE_RUN_NAME = "tune"
 
@@ -98,6 +98,8 @@ class RunView:
     strategies: list[StrategyView]
     last_written: float = 0.0
     """When the run last recorded a step or a strategy's start or end (the store's clock)."""
+    samples_pending: bool = False
+    """The sampled series are left to the next read (the first one's)."""
 
     @property
     def current(self) -> StrategyView | None:
@@ -282,12 +284,15 @@ def _strategy_view(
     summary: StrategySummary,
     windows: dict[str, SampleWindow],
     window_s: float,
+    with_samples: bool = True,
 ) -> StrategyView:
     finished = summary.status.finished
     steady = steady_state(steps) if finished else []  # a finished strategy's windows end at its last step
     shown = steps[-WINDOW_STEPS:]
 
     def sampled(field: str) -> Series:
+        if not with_samples:
+            return Series([], None)
         if finished:
             return _finished_series(store, strategy_id, SAMPLED[field], steady, window_s)
         return Series.of(windows[field].update(store, strategy_id), False, None)
@@ -309,6 +314,14 @@ def _strategy_view(
     )
 
 
+def _drawn_steps(store: RunStore, strategy_id: int) -> list:
+    """What a finished strategy's panel draws of its rank-0 steps: the first two (its steady steps start at
+    the second) and the last WINDOW_STEPS, not the 17k of a day on 4 strategies at a step every 20 s."""
+    head = store.steps(strategy_id, rank=0, first=2)
+    tail = store.steps(strategy_id, rank=0, after_step=head[-1].step if head else 0, last=WINDOW_STEPS)
+    return head + tail
+
+
 def _stage_after_steps(events_of: Callable[[str], list], summary: StrategySummary) -> str | None:
     """A strategy still running after its last step restarted its ranks to verify its checkpoint (minutes
     at a billion parameters): its last launch says so. Looked at only then, not at every poll of its steps."""
@@ -324,12 +337,21 @@ class RunReader:
     """One run as the dashboard polls it: the summaries follow the store through a cache (a poll reads
     what was written since the last), and a finished strategy's panel data is read once per window."""
 
-    def __init__(self, run_dir: Path, window_s: float = WINDOW_S, stop: threading.Event | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        window_s: float = WINDOW_S,
+        stop: threading.Event | None = None,
+        figures_first: bool = False,
+    ):
+        """figures_first: the first read leaves the sampled series to the next (the dashboard's first frame
+        waits for the figures only: a running strategy's first window on 8 GPUs is 100k samples)."""
         self.run_dir, self.stop = Path(run_dir), stop
         self._kept = KeptStore(self.run_dir)
         self._cache = SummaryCache(recompute_share=RECOMPUTE_SHARE)
         self._finished: dict[str, StrategyView] = {}
         self._windows: dict[str, dict[str, SampleWindow]] = {}
+        self._samples_deferred = figures_first
         self.window_s = window_s
 
     @property
@@ -351,6 +373,7 @@ class RunReader:
     def _read(self, store: RunStore) -> RunView:
         run = store.run()
         ids = {row["name"]: row["id"] for row in store.strategies(run["id"])}
+        first, self._samples_deferred = self._samples_deferred, False
         views = []
         for summary in summarize(store, self._cache):
             kept = self._finished.get(summary.name)
@@ -362,20 +385,58 @@ class RunReader:
                 summary.name, {f: SampleWindow(p, self.window_s) for f, p in SAMPLED.items()}
             )
             strategy_id = ids[summary.name]
-            steps = rank0_steps(store, self._cache, strategy_id)
             followed = self._cache.strategies.get(strategy_id)
+            steps = followed.rank0 if followed else _drawn_steps(store, strategy_id)
 
             def events_of(kind: str, followed=followed, strategy_id=strategy_id) -> list:
                 # Rank 0's as the cache followed them: a query over every event of a day-long strategy
-                # cost 2 ms a poll. One summarized from its stored figures was not followed: its are read
-                # (once, its view is kept).
-                return followed.events.get(kind, []) if followed else store.events(strategy_id, kind, rank=0)
+                # cost 2 ms a poll. One summarized from its stored figures was not followed, and has ended:
+                # the sampler's notes are all its panel shows (read once, its view is kept).
+                return followed.events.get(kind, []) if followed else store.events_of_rank(strategy_id, kind, None)
 
-            view = _strategy_view(store, strategy_id, steps, events_of, summary, windows, self.window_s)
-            if summary.status.finished:
+            view = _strategy_view(
+                store, strategy_id, steps, events_of, summary, windows, self.window_s, with_samples=not first
+            )
+            if summary.status.finished and not first:
                 self._finished[summary.name] = view
             views.append(view)
-        return RunView(self.run_dir, run["name"], store.run_status(), run["created_at"], views, store.last_written())
+        return RunView(
+            self.run_dir,
+            run["name"],
+            store.run_status(),
+            run["created_at"],
+            views,
+            store.last_written(),
+            samples_pending=first and bool(views),
+        )
+
+
+class FirstRead:
+    """A run's first read, begun in a thread of its own as the app is made: it runs beside Textual's start
+    and the dashboard's composing, which the first frame otherwise waited for before the read began."""
+
+    def __init__(self, run_dir: Path, window_s: float = WINDOW_S):
+        self.reader = RunReader(run_dir, window_s, threading.Event(), figures_first=True)
+        self._result: RunView | ReaderError | None = None
+        self._thread = threading.Thread(target=self._read, name="offloadlab-first-read", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            self._result = self.reader.read()
+        except ReaderError as err:
+            self._result = err
+
+    def result(self) -> RunView:
+        """Waits for the read; raises its ReaderError."""
+        self._thread.join()
+        if isinstance(self._result, ReaderError):
+            raise self._result
+        return self._result
+
+    def stop(self) -> None:
+        """Ends the read within a thousand SQLite steps (the app quit before a screen took it)."""
+        self.reader.stop.set()
 
 
 def read_run(run_dir: Path) -> RunView:

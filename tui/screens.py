@@ -122,6 +122,8 @@ class DashboardScreen(PollingScreen):
     BINDINGS = [("w", "window", "Window")]
     _reader: RunReader | None = None
     window_s = WINDOWS_S[0]
+    shown: RunView | None = None
+    """The run as last drawn."""
 
     def action_window(self) -> None:
         """The next window of the sampled series (10 min, 1 h, 6 h), read afresh."""
@@ -143,10 +145,16 @@ class DashboardScreen(PollingScreen):
         target = self.app.pinned_run or latest(self.app.root, "run")
         if target is None:
             return None
+        first_read = self.app.take_first_read(target)
+        if first_read is not None:
+            # The read begun with the app: its reader stops with this screen from now on.
+            self._reader, self.closing = first_read.reader, first_read.reader.stop
+            return first_read.result()
         if self._reader is None or self._reader.run_dir != target:
             if self._reader is not None:
                 self._reader.close()
-            self._reader = RunReader(target, self.window_s, self.closing)  # another run: its cache starts afresh
+            # Another run: its cache starts afresh.
+            self._reader = RunReader(target, self.window_s, self.closing, figures_first=True)
         return self._reader.read()
 
     def nothing_yet(self) -> str:
@@ -155,6 +163,9 @@ class DashboardScreen(PollingScreen):
     async def show(self, result: RunView) -> None:
         # The table first: on the first read, mounting the panels (a few hundred widgets to style) took
         # longer than the read, and the table already holds every strategy's figures.
+        self.shown = result
+        if result.samples_pending:
+            self.refresh_data()  # the finished strategies' series, after this frame
         self.query_one(RunHeader).show(result)
         if self.query_one(CompareTable).show(result):
             # A row that changed is drawn on a repaint of the whole screen: the table's own repaint left a

@@ -6,8 +6,9 @@ import bisect
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
+from offloadlab.results.figures import MODEL_FACTS_EVENT
 from offloadlab.results.store import RunStore, StepRecord, StepTelemetry
 
 
@@ -63,6 +64,9 @@ PHASES = ("forward", "backward", "optimizer")
 TELEMETRY_NOTE = "telemetry_note"
 """What the sampler could not measure (no NVML, no block device for the path), said once per strategy."""
 SWAP_EVENT = "swap"
+SWAP_WAITS = (*PHASES, "other")
+"""Where a step's NVMe waits fell: inside each of PHASES, or outside them."""
+COMM_EVENT_PREFIX = "comm."
 # The sampler's series the per-step figures are computed from.
 SERIES = {
     "util": "gpu%.util(%)",
@@ -113,24 +117,39 @@ class FollowedStrategy:
         self._events_read = 0
         self._stored_through = 0
         """The last step whose stored figures were read."""
+        self._totals_through = 0
+        """The last step whose step_totals row was read (or, in the sampler, written)."""
+        self._ranks_written: dict[int, int] = {}
+        """step -> how many ranks had written it, for the steps summed from their rows."""
+        self._complete_through = 0
+        """Every step up to this one has been written by every rank (where the world size is known)."""
         self._open: dict[int, StepTelemetry] = {}
         """Figures of steps whose samples may still be on their way: recomputed on the next update."""
         self.version: tuple = ()
         """Changes whenever an update read anything new."""
 
     def update(self, store: RunStore, finished: bool) -> None:
+        self._read_totals(store)
         last = self.rank0[-1].step if self.rank0 else 0
         self.rank0 += store.steps(self.strategy_id, rank=0, after_step=last)
-        # Other ranks' rows of the newest steps may still be on their way: those steps are summed again.
-        for step, *figures in store.steps_over_ranks(self.strategy_id, after_step=max(0, last - 1)):
+        self._read_events(store)  # after the steps: rank 0 writes a step's events before its next step
+        # Other ranks' rows of the newest steps may still be on their way: the steps not yet written by
+        # every rank are summed again.
+        world = self._world_size()
+        resum_from = min(last - 1, self._complete_through) if world else last - 1
+        for step, ranks, *figures in store.steps_over_ranks(
+            self.strategy_id, after_step=max(0, self._totals_through, resum_from)
+        ):
             self.all_ranks[step] = AllRanks(*figures)
+            self._ranks_written[step] = ranks
+        while world and self._ranks_written.get(self._complete_through + 1, 0) >= world:
+            self._complete_through += 1
         stored = store.step_telemetry(self.strategy_id, after_step=self._stored_through)
         self.telemetry.update(stored)
         self._stored_through = max(stored, default=self._stored_through)
         pending = [s for s in self.rank0 if s.step not in self.telemetry]
         if pending:
             self._read_samples(store, pending[0].t_start)
-        self._read_events(store)
         self._measure_steps(pending, finished)
         self.version = (len(self.rank0), self._events_read, *self._last_sample_t.values(), len(self.telemetry))
 
@@ -147,20 +166,67 @@ class FollowedStrategy:
             if new:
                 self._last_sample_t[key] = new[-1][0]
 
+    def _read_totals(self, store: RunStore) -> None:
+        """The steps the sampler stored totals of: their ranks' rows and rank 0's timings are not read."""
+        rows = store.step_totals(self.strategy_id, after_step=self._totals_through)
+        for step, *columns in rows:
+            self.all_ranks[step] = AllRanks(*columns[:5])
+            phases = {name: s for name, s in zip(PHASES, columns[5:8]) if s is not None}
+            if phases:
+                self.phases[step] = phases
+            if columns[8] is not None:
+                self.comm[step] = (columns[8], columns[9])
+            if columns[10] is not None:
+                self.swap_wait[step] = dict(zip(SWAP_WAITS, columns[10:14]))
+        if rows:
+            self._totals_through = self._complete_through = rows[-1][0]
+
+    def _world_size(self) -> int | None:
+        facts = self.events.get(MODEL_FACTS_EVENT)
+        return json.loads(facts[0]["detail"]).get("world_size") if facts else None
+
+    def final_totals(self, finished: bool) -> list[tuple]:
+        """step_totals rows of the steps past those stored that every rank has written and whose rank-0
+        events are in (rank 0 has written a later step: it writes a step's events before the next step),
+        or all of them once the strategy is over."""
+        newest = self.rank0[-1].step if self.rank0 else 0
+        last_final = newest if finished else min(newest - 1, self._complete_through)
+        first = bisect.bisect_right([r.step for r in self.rank0], self._totals_through)
+        rows = [self._totals_row(r.step) for r in self.rank0[first:] if r.step <= last_final]
+        if rows:
+            self._totals_through = rows[-1][0]
+        return rows
+
+    def _totals_row(self, step: int) -> tuple:
+        phases, comm, waits = self.phases.get(step, {}), self.comm.get(step), self.swap_wait.get(step)
+        return (
+            step,
+            *astuple(self.all_ranks[step]),
+            *(phases.get(name) for name in PHASES),
+            *(comm or (None, None)),
+            *((waits[name] for name in SWAP_WAITS) if waits else (None,) * len(SWAP_WAITS)),
+        )
+
     def _read_events(self, store: RunStore) -> None:
         """Rank 0's: the other ranks' per-step events are as many again per rank, and nothing reads them.
         Phases come summed per step from SQL (a day of steps has 50k of them)."""
         up_to = store.last_event_id()
         after, self._last_event_id = self._last_event_id, up_to
+        if after == 0 and self._totals_through:
+            after = self._read_untimed_events(store, up_to)
         for step, kind, seconds in store.seconds_by_step(self.strategy_id, 0, PHASES, after, up_to):
+            self._events_read += 1
+            if step <= self._totals_through:
+                continue  # in its stored totals (this read found it there), or written after them: a re-run
             spent = self.phases.setdefault(step, {})
             spent[kind] = spent.get(kind, 0.0) + seconds
-            self._events_read += 1
         for e in store.events(self.strategy_id, after_id=after, rank=0, up_to_id=up_to, except_kinds=PHASES):
             self._events_read += 1
-            if not e["kind"].startswith("comm.") and e["kind"] != SWAP_EVENT:
+            if not e["kind"].startswith(COMM_EVENT_PREFIX) and e["kind"] != SWAP_EVENT:
                 self.events.setdefault(e["kind"], []).append(e)
                 continue
+            if e["step"] <= self._totals_through:
+                continue  # as the phases above
             totals = json.loads(e["detail"])
             if e["rank"] != 0 or totals["phase"] != "train":
                 continue  # the step re-run after a restore carries the same number
@@ -171,6 +237,19 @@ class FollowedStrategy:
                 continue
             nbytes, seconds = self.comm.get(e["step"], (0.0, 0.0))
             self.comm[e["step"]] = (nbytes + totals["bytes"], seconds + totals["seconds"])
+
+    def _read_untimed_events(self, store: RunStore, up_to: int) -> int:
+        """The first read where stored totals cover the first steps: the events before the first of a step
+        past them, but for the steps' timings (the totals hold them). Returns the last id so read."""
+        first_untotalled = store.first_event_id_after_step(self.strategy_id, 0, self._totals_through)
+        through = up_to if first_untotalled is None else first_untotalled - 1
+        timed = (*PHASES, SWAP_EVENT)
+        for e in store.events(
+            self.strategy_id, rank=0, up_to_id=through, except_kinds=timed, except_prefix=COMM_EVENT_PREFIX
+        ):
+            self._events_read += 1
+            self.events.setdefault(e["kind"], []).append(e)
+        return through
 
     def _measure_steps(self, pending: list[StepRecord], finished: bool) -> None:
         self._open = {}
@@ -223,3 +302,6 @@ class StepFigures:
         if final:
             store.add_step_telemetry(self.followed.strategy_id, final)
             self.stored_through = max(final)
+        totals = self.followed.final_totals(strategy_finished)
+        if totals:
+            store.add_step_totals(self.followed.strategy_id, totals)

@@ -127,6 +127,25 @@ CREATE TABLE IF NOT EXISTS step_telemetry (     -- a step's figures from the sam
     pcie_rx_bytes_per_s REAL,
     PRIMARY KEY (strategy_id, step)
 );
+CREATE TABLE IF NOT EXISTS step_totals (        -- a step's figures over its ranks' rows and rank 0's timings,
+    strategy_id INTEGER NOT NULL REFERENCES strategies(id),  -- written once every rank has written the step
+    step INTEGER NOT NULL,
+    disk_read_bytes INTEGER NOT NULL,             -- summed over the ranks
+    disk_write_bytes INTEGER NOT NULL,
+    peak_allocated_bytes INTEGER,                 -- the highest rank's
+    peak_reserved_bytes INTEGER,
+    host_rss_peak_bytes INTEGER,
+    forward_s REAL,                               -- rank 0's seconds in each phase; NULL where not timed
+    backward_s REAL,
+    optimizer_s REAL,
+    comm_bytes REAL,                              -- rank 0's collectives, all kinds; NULL where none
+    comm_s REAL,
+    swap_wait_forward_s REAL,                     -- rank 0's waits for its NVMe swaps; NULL where none
+    swap_wait_backward_s REAL,
+    swap_wait_optimizer_s REAL,
+    swap_wait_other_s REAL,
+    PRIMARY KEY (strategy_id, step)
+);
 CREATE TABLE IF NOT EXISTS strategy_figures (   -- a strategy's own figures, written once it has ended
     strategy_id INTEGER PRIMARY KEY REFERENCES strategies(id),
     written_for TEXT NOT NULL,                    -- its strategies row then, as JSON: not its figures if it changed
@@ -144,6 +163,10 @@ CREATE TABLE IF NOT EXISTS sample_bins (        -- each metric's samples per bin
     PRIMARY KEY (strategy_id, metric, width_s, bin)
 );
 """
+
+
+STEP_TOTALS_COLUMNS = 15
+"""step_totals' columns after strategy_id."""
 
 
 BIN_WIDTHS_S = (10.0, 300.0)
@@ -447,6 +470,14 @@ class RunStore:
                 [(strategy_id, step, *astuple(f)) for step, f in figures.items()],
             )
 
+    def add_step_totals(self, strategy_id: int, rows: list[tuple]) -> None:
+        """Steps' step_totals rows (step first, in the table's order) once every rank has written them."""
+        with self.conn:
+            self.conn.executemany(
+                f"INSERT OR REPLACE INTO step_totals VALUES (?{', ?' * STEP_TOTALS_COLUMNS})",
+                [(strategy_id, *row) for row in rows],
+            )
+
     def put_strategy_figures(self, strategy_id: int, written_for: str, figures: str) -> None:
         self.conn.execute(
             "INSERT OR REPLACE INTO strategy_figures VALUES (?, ?, ?)", (strategy_id, written_for, figures)
@@ -554,23 +585,34 @@ class RunStore:
         return row["id"]
 
     def steps(
-        self, strategy_id: int, rank: int | None = 0, phase: str = "train", after_step: int = 0
+        self,
+        strategy_id: int,
+        rank: int | None = 0,
+        phase: str = "train",
+        after_step: int = 0,
+        first: int | None = None,
+        last: int | None = None,
     ) -> list[StepRecord]:
-        """The strategy's steps in order; `after_step`: only those past it (a poll reads what is new)."""
+        """The strategy's steps in order; `after_step`: only those past it (a poll reads what is new);
+        `first`, `last`: only the first or last that many rows (an index walk from that end)."""
         query = f"SELECT {STEP_COLUMNS} FROM steps WHERE strategy_id = ? AND phase = ? AND step > ?"
         args: tuple = (strategy_id, phase, after_step)
         if rank is not None:
             query += " AND rank = ?"
             args += (rank,)
+        order = " ORDER BY step DESC, rank DESC" if last is not None else " ORDER BY step, rank"
+        limit = last if last is not None else first
         cursor = self.conn.cursor()
         cursor.row_factory = None  # plain tuples, in StepRecord's order: a day of steps on 8 ranks is 35k rows
-        return [StepRecord(*row) for row in cursor.execute(query + " ORDER BY step, rank", args)]
+        rows = cursor.execute(query + order + " LIMIT ?", (*args, -1 if limit is None else limit))
+        records = [StepRecord(*row) for row in rows]
+        return records[::-1] if last is not None else records
 
     def steps_over_ranks(self, strategy_id: int, after_step: int = 0) -> list[tuple]:
-        """(step, disk bytes read, written, and the highest rank's peak allocated, reserved and host RSS) of
-        each training step past after_step, summed over the ranks in SQL."""
+        """(step, ranks that wrote it, disk bytes read, written, and the highest rank's peak allocated,
+        reserved and host RSS) of each training step past after_step, summed over the ranks in SQL."""
         return self.conn.execute(
-            "SELECT step, SUM(disk_read_bytes), SUM(disk_write_bytes), MAX(peak_allocated_bytes), "
+            "SELECT step, COUNT(*), SUM(disk_read_bytes), SUM(disk_write_bytes), MAX(peak_allocated_bytes), "
             "MAX(peak_reserved_bytes), MAX(host_rss_peak_bytes) FROM steps "
             "WHERE strategy_id = ? AND phase = 'train' AND step > ? GROUP BY step ORDER BY step",
             (strategy_id, after_step),
@@ -789,6 +831,24 @@ class RunStore:
         )
         return {r["step"]: StepTelemetry(*tuple(r)[2:]) for r in rows}
 
+    def step_totals(self, strategy_id: int, after_step: int = 0) -> list[tuple]:
+        """Stored step_totals rows past after_step (step first); none in a store written before them."""
+        if "step_totals" not in self._tables:
+            return []
+        cursor = self.conn.cursor()
+        cursor.row_factory = None
+        query = "SELECT * FROM step_totals WHERE strategy_id = ? AND step > ? ORDER BY step"
+        return [row[1:] for row in cursor.execute(query, (strategy_id, after_step))]
+
+    def first_event_id_after_step(self, strategy_id: int, rank: int, step: int) -> int | None:
+        """The id of the rank's first event of a step past `step` (its events are written in step order):
+        an index walk over the events before it, not a query of them all."""
+        row = self.conn.execute(
+            "SELECT id FROM events WHERE strategy_id = ? AND rank = ? AND step > ? ORDER BY id LIMIT 1",
+            (strategy_id, rank, step),
+        ).fetchone()
+        return None if row is None else row[0]
+
     def strategy_figures(self, strategy_id: int) -> tuple[str, str] | None:
         """(written_for, figures) as put_strategy_figures stored them; None if not (or a store before them)."""
         if "strategy_figures" not in self._tables:
@@ -803,6 +863,18 @@ class RunStore:
         rows = self.conn.execute("SELECT * FROM tune_points WHERE run_id = ? ORDER BY score_gbps DESC", (run_id,))
         return [TunePoint.from_row(r) for r in rows]
 
+    def events_of_rank(
+        self, strategy_id: int, kind: str, rank: int | None, limit: int | None = None
+    ) -> list[sqlite3.Row]:
+        """One rank's events of a kind (rank None: the sampler's) in the order recorded, the first `limit`
+        of them: an index walk over that rank's events that stops there (`events` by kind with rank 0 reads
+        the sampler's too, each in a query that sorts them)."""
+        rank_is = "rank IS NULL" if rank is None else "rank = ?"
+        return self.conn.execute(
+            f"SELECT * FROM events WHERE strategy_id = ? AND {rank_is} AND kind = ? ORDER BY id LIMIT ?",
+            (strategy_id, *([] if rank is None else [rank]), kind, -1 if limit is None else limit),
+        ).fetchall()
+
     def events(
         self,
         strategy_id: int,
@@ -811,6 +883,7 @@ class RunStore:
         rank: int | None = None,
         up_to_id: int | None = None,
         except_kinds: tuple[str, ...] = (),
+        except_prefix: str | None = None,
     ) -> list[sqlite3.Row]:
         """By start time; `after_id`, `up_to_id`: only those recorded after that event and up to that one
         (ids grow with each commit); `rank`: only that rank's and those of no rank (the sampler's)."""
@@ -823,4 +896,6 @@ class RunStore:
             query, args = query + " AND id <= ?", (*args, up_to_id)
         if except_kinds:
             query, args = query + f" AND kind NOT IN ({', '.join('?' * len(except_kinds))})", (*args, *except_kinds)
+        if except_prefix is not None:
+            query, args = query + " AND substr(kind, 1, ?) != ?", (*args, len(except_prefix), except_prefix)
         return self.conn.execute(query + " ORDER BY t_start", args).fetchall()

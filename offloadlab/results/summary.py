@@ -343,7 +343,7 @@ def _stored_summary(store: RunStore, row: sqlite3.Row, cache: SummaryCache) -> S
 
 def _first_model_facts(store: RunStore, run_id: int) -> figures.ModelFacts | None:
     facts = (
-        figures.ModelFacts.first_of(store.events(r["id"], figures.MODEL_FACTS_EVENT, rank=0))
+        figures.ModelFacts.first_of(store.events_of_rank(r["id"], figures.MODEL_FACTS_EVENT, 0, limit=1))
         for r in store.strategies(run_id)
     )
     return next((f for f in facts if f is not None), None)
@@ -387,7 +387,9 @@ def _fastest_without_offload(
             strategy = strategy_from_store(json.loads(row["config_json"]))
             if Status(row["status"]) is not Status.DONE or strategy is None or strategy.offloads:
                 continue
-            theirs = figures.ModelFacts.first_of(store.events(row["id"], figures.MODEL_FACTS_EVENT))
+            theirs = figures.ModelFacts.first_of(
+                store.events_of_rank(row["id"], figures.MODEL_FACTS_EVENT, 0, limit=1)
+            )
             if theirs is None or not _same_workload(theirs, facts):
                 continue
             steady = figures.steady_state(store.steps(row["id"]))
