@@ -327,6 +327,25 @@ def test_a_running_strategys_steps_are_read_from_their_stored_totals(tmp_path):
     assert work < 0.6 * work_old, (work, work_old)  # 797 and 1726 SQLite steps
 
 
+def test_a_step_another_rank_had_not_written_as_the_sampler_ended_is_summed_by_its_readers(tmp_path):
+    """The sampler ends after rank 0's last step, and rank 1's row of it may come after: that step's
+    totals are not stored (they would lack rank 1 for good); a reader sums its rows once they are in."""
+    shape = long_run_ui.Shape(("zero2-cpu",), hours=0.1, step_s=20.0, gpus=2, hz=1.0)
+    run_dir = long_run_ui.build(tmp_path, "late", shape, Console(quiet=True))  # its strategy left running
+    with contextlib.closing(RunStore(run_dir, writable=True)) as store:
+        strategy_id = store.strategies(store.run()["id"])[0]["id"]
+        before = store.steps(strategy_id, rank=0)[-1]
+        last = long_run_ui.record(before.step + 1, before.t_end, before.t_end + 20.0)
+        store.add_step(strategy_id, 0, last)
+        StepFigures(strategy_id).store_final(store, strategy_finished=True)
+        stored = store.conn.execute("SELECT MAX(step) FROM step_totals").fetchone()[0]
+        store.add_step(strategy_id, 1, last)
+        followed = FollowedStrategy(strategy_id)
+        followed.update(store, finished=True)
+    assert stored == before.step
+    assert followed.all_ranks[last.step].disk_read_bytes == 2 * last.disk_read_bytes
+
+
 def _work(store: RunStore, read) -> int:
     """SQLite's virtual-machine steps for `read(store)`: the same for the same work on any machine."""
     steps = [0]

@@ -187,10 +187,14 @@ class FollowedStrategy:
 
     def final_totals(self, finished: bool) -> list[tuple]:
         """step_totals rows of the steps past those stored that every rank has written and whose rank-0
-        events are in (rank 0 has written a later step: it writes a step's events before the next step),
-        or all of them once the strategy is over."""
+        events are in: rank 0 has written a later step (it writes a step's events before the next one),
+        or the sampler has ended (after rank 0's last step). Not the last step's where another rank's row
+        is not in yet as the sampler ends (its readers sum that step's rows), nor any without the world
+        size (a strategy that did not record its model's facts)."""
+        if self._world_size() is None:
+            return []
         newest = self.rank0[-1].step if self.rank0 else 0
-        last_final = newest if finished else min(newest - 1, self._complete_through)
+        last_final = min(newest if finished else newest - 1, self._complete_through)
         first = bisect.bisect_right([r.step for r in self.rank0], self._totals_through)
         rows = [self._totals_row(r.step) for r in self.rank0[first:] if r.step <= last_final]
         if rows:
