@@ -73,7 +73,8 @@ class RanksReader:
         if not started:
             return None
         row = next((r for r in started if Status(r["status"]) is Status.RUNNING), started[-1])
-        notes = [e["detail"] for e in store.events(row["id"], TELEMETRY_NOTE)]
+        # The sampler's (of no rank): a query by kind over every rank's events read a day of them each poll.
+        notes = [e["detail"] for e in store.events_of_rank(row["id"], TELEMETRY_NOTE, None)]
         gpu_note = next((n for n in notes if n.startswith("GPU fields absent")), None)
         return RanksView(
             self.run_dir,
