@@ -165,7 +165,7 @@ class DashboardScreen(PollingScreen):
         # longer than the read, and the table already holds every strategy's figures.
         self.shown = result
         if result.samples_pending:
-            self.refresh_data()  # the finished strategies' series, after this frame
+            self.refresh_data()  # the sampled series, after this frame
         self.query_one(RunHeader).show(result)
         if self.query_one(CompareTable).show(result):
             # A row that changed is drawn on a repaint of the whole screen: the table's own repaint left a

@@ -8,7 +8,7 @@ import math
 import statistics
 from dataclasses import astuple, dataclass
 
-from offloadlab.results.figures import MODEL_FACTS_EVENT
+from offloadlab.results.figures import MODEL_FACTS_EVENT, ModelFacts
 from offloadlab.results.store import RunStore, StepRecord, StepTelemetry
 
 
@@ -182,8 +182,8 @@ class FollowedStrategy:
             self._totals_through = self._complete_through = rows[-1][0]
 
     def _world_size(self) -> int | None:
-        facts = self.events.get(MODEL_FACTS_EVENT)
-        return json.loads(facts[0]["detail"]).get("world_size") if facts else None
+        facts = ModelFacts.first_of(self.events.get(MODEL_FACTS_EVENT))
+        return facts.world_size if facts else None
 
     def final_totals(self, finished: bool) -> list[tuple]:
         """step_totals rows of the steps past those stored that every rank has written and whose rank-0

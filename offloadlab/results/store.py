@@ -165,10 +165,6 @@ CREATE TABLE IF NOT EXISTS sample_bins (        -- each metric's samples per bin
 """
 
 
-STEP_TOTALS_COLUMNS = 15
-"""step_totals' columns after strategy_id."""
-
-
 BIN_WIDTHS_S = (10.0, 300.0)
 """Widths of the bins every sample is added to as it is written: a chart or a mean over hours reads a few
 thousand bins, not millions of samples (a day at 10 Hz is 864k samples a metric, 8,640 10-s bins)."""
@@ -472,10 +468,10 @@ class RunStore:
 
     def add_step_totals(self, strategy_id: int, rows: list[tuple]) -> None:
         """Steps' step_totals rows (step first, in the table's order) once every rank has written them."""
+        marks = ", ".join("?" * (1 + len(rows[0])))
         with self.conn:
             self.conn.executemany(
-                f"INSERT OR REPLACE INTO step_totals VALUES (?{', ?' * STEP_TOTALS_COLUMNS})",
-                [(strategy_id, *row) for row in rows],
+                f"INSERT OR REPLACE INTO step_totals VALUES ({marks})", [(strategy_id, *row) for row in rows]
             )
 
     def put_strategy_figures(self, strategy_id: int, written_for: str, figures: str) -> None:
