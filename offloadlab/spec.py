@@ -51,10 +51,9 @@ class _Strict(BaseModel):
     # strict: TOML gives real types, so `steps = true` or `pin_memory = 1` is a mistake, not a number or a
     # flag (true ran one step); lax ints also took 2.0. Floats take TOML's integers (`lr = 1`), never inf or
     # nan (nan reached the store as a NULL loss and failed the strategy). Fields whose type TOML cannot
-    # write (a path is a string, a pair is an array) say `strict=False` themselves.
-    model_config = ConfigDict(
-        extra="forbid", use_attribute_docstrings=True, frozen=True, strict=True, allow_inf_nan=False
-    )
+    # write (a path is a string, a pair is an array) say `strict=False` themselves. The docstrings under the
+    # fields are read by docs/gen_spec.py, not by pydantic (which would parse this file at every import).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 LaxPath = Annotated[Path, Field(strict=False)]
