@@ -333,12 +333,17 @@ def _stored_summary(store: RunStore, row: sqlite3.Row, cache: SummaryCache) -> S
     kept = cache.summaries.get(row["id"])
     if kept and kept[0] == key:
         return kept[1]
+    summary = _as_stored(store, row)
+    if summary is not None:
+        cache.summaries[row["id"]] = (key, summary)
+    return summary
+
+
+def _as_stored(store: RunStore, row: sqlite3.Row) -> StrategySummary | None:
     stored = store.strategy_figures(row["id"])
     if stored is None or stored[0] != _written_for(row):
         return None
-    summary = StrategySummary.from_stored(stored[1])
-    cache.summaries[row["id"]] = (key, summary)
-    return summary
+    return StrategySummary.from_stored(stored[1])
 
 
 def _first_model_facts(store: RunStore, run_id: int) -> figures.ModelFacts | None:
@@ -392,10 +397,13 @@ def _fastest_without_offload(
             )
             if theirs is None or not _same_workload(theirs, facts):
                 continue
-            steady = figures.steady_state(store.steps(row["id"]))
-            times = figures.StepTimes.of_steps(steady)
-            if times and (best is None or times.tokens_per_s > best[0]):
-                best = (times.tokens_per_s, f"{store.run_dir.name}/{row['name']}")
+            stored = _as_stored(store, row)  # one row, not a day of steps on every rank
+            tokens_per_s = stored.tokens_per_s if stored else None
+            if stored is None:  # a store written before stored figures: from its steps
+                times = figures.StepTimes.of_steps(figures.steady_state(store.steps(row["id"])))
+                tokens_per_s = times.tokens_per_s if times else None
+            if tokens_per_s and (best is None or tokens_per_s > best[0]):
+                best = (tokens_per_s, f"{store.run_dir.name}/{row['name']}")
         return best
     finally:
         store.close()
