@@ -603,16 +603,18 @@ def test_the_first_read_begins_with_the_app_and_the_series_follow_it(root, monke
 
 def test_q_during_the_first_read_stops_it(fixed_root, monkeypatch):
     """The read begun with the app ends when the app quits: Python waits for its thread before the
-    process exits (here the read waits for its stop, as a long statement ends at its next step)."""
+    process exits (here the read waits for its stop, as a long statement ends at its next step). Its store,
+    which no screen took, is closed."""
     from offloadlab_tui import reader
 
-    stopped = threading.Event()
+    stopped, closed = threading.Event(), threading.Event()
 
     def read(self):
         stopped.set() if self.stop.wait(10) else None
         raise ReaderError("interrupted")
 
     monkeypatch.setattr(reader.RunReader, "read", read)
+    monkeypatch.setattr(reader.RunReader, "close", lambda self: closed.set())
 
     async def scenario():
         app = make_app(root=fixed_root, run_dir=fixed_root / "demo")
@@ -623,6 +625,7 @@ def test_q_during_the_first_read_stops_it(fixed_root, monkeypatch):
         return time.monotonic() - start
 
     assert asyncio.run(scenario()) < 1.0 and stopped.is_set()
+    assert closed.wait(1.0)
 
 
 def test_the_comparison_table_stays_scrolled_across_polls(fixed_root):

@@ -426,6 +426,9 @@ class FirstRead:
             self._result = self.reader.read()
         except ReaderError as err:
             self._result = err
+        finally:
+            if self.reader.stop.is_set():  # stopped while it read: no screen will take its store
+                self.reader.close()
 
     def result(self) -> RunView:
         """Waits for the read; raises its ReaderError."""
@@ -435,8 +438,12 @@ class FirstRead:
         return self._result
 
     def stop(self) -> None:
-        """Ends the read within a thousand SQLite steps (the app quit before a screen took it)."""
+        """Ends the read within a thousand SQLite steps and closes its store (the app quit, or showed
+        another run, before a screen took it): here if the read has ended, else as it ends."""
         self.reader.stop.set()
+        self._thread.join(timeout=0.05)  # one that was ending when stopped may have missed the stop
+        if not self._thread.is_alive():
+            self.reader.close()
 
 
 def read_run(run_dir: Path) -> RunView:
