@@ -298,6 +298,9 @@ def test_a_live_run_started_from_the_tui_shows_progress_and_failure_and_outlives
 
             await wait_until(pilot, lambda: rank0()[:3] == ["0", str(worker.pid), "running"] and rank0()[5] != "-")
             assert rank0()[3] == "cpu" and re.fullmatch(r"[\d.]+ (MiB|GiB)", rank0()[4]), rank0()
+            # No GPU here: the note says why, with no GPU table or its title left empty above it.
+            await wait_until(pilot, lambda: "GPU fields absent" in text_of(app.screen.query_one("#message")))
+            assert not app.screen.query_one(GpuTable).display and not app.screen.query_one("#gpus-title").display
             await go(pilot, "d", DashboardScreen)
             header = app.screen.query_one("#run-header")
             await wait_until(pilot, lambda: "now: victim step" in text_of(header))
@@ -662,6 +665,9 @@ def test_the_running_strategy_comes_first_and_question_mark_lists_the_keys(fixed
             await wait_until(pilot, lambda: shown() == ["fsdp2", "zero3-nvme"])  # the cursor's first row
             await pilot.press("down")
             await wait_until(pilot, lambda: shown() == ["fsdp2", "fsdp2-cpu-offload"])
+            # Below the running one's panel it would be off-screen: it is scrolled to.
+            box, opened = app.screen.query_one("#panels"), panels(app)["fsdp2-cpu-offload"]
+            await wait_until(pilot, lambda: box.region.contains_point(opened.region.offset))
             app.screen.query_one("#panels").focus()
             await wait_until(pilot, lambda: shown() == ["fsdp2"])
             # No NVML here: the GPU's series are left out, not drawn flat.
@@ -805,6 +811,7 @@ def test_the_gpus_and_ranks_view_shows_each_gpus_newest_sample_and_each_rank_as_
             await go(pilot, "g", RanksScreen)
             gpus, ranks = app.screen.query_one(GpuTable), app.screen.query_one(RankTable)
             await wait_until(pilot, lambda: gpus.row_count == 2 and ranks.row_count == 2)
+            assert app.screen.query_one("#gpus-title").display
             gpu1 = [str(c) for c in gpus.get_row_at(1)]
             assert gpu1[1].endswith("96%") and gpu1[1].startswith("█" * 8)  # util 95 + 1
             assert gpu1[2].endswith("88%") and gpu1[3] == "70.0/80.0 GiB"

@@ -222,6 +222,11 @@ class DashboardScreen(PollingScreen):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._collapse()
+        opened = self.query_one(CompareTable).cursor_name() if event.data_table.has_focus else None
+        panel = next((p for p in self._panels() if p.strategy_name == opened and p.display), None)
+        if panel is not None:
+            # Below the running strategy's panel it was off-screen at 80x24: it is scrolled to once laid out.
+            self.call_after_refresh(self.query_one("#panels").scroll_to_widget, panel, animate=False, top=True)
 
     def on_descendant_focus(self) -> None:
         self._collapse()
@@ -240,7 +245,7 @@ class RanksScreen(PollingScreen):
         yield Header()
         yield Static(id="ranks-title")
         yield Static(id="message")
-        yield Label("GPUs (each one's newest sample)", classes="section")
+        yield Label("GPUs (each one's newest sample)", id="gpus-title", classes="section")
         yield GpuTable(id="gpus")
         yield Label("ranks (processes; CPU: 100% a core, of the cores each is bound to)", classes="section")
         yield RankTable(id="ranks")
@@ -262,7 +267,8 @@ class RanksScreen(PollingScreen):
             Text.assemble((result.strategy, "bold"), f" ({result.status.label})  {result.run_dir}")
         )
         self.query_one(GpuTable).show(result)
-        self.query_one(GpuTable).display = bool(result.gpus)
+        # Without GPU samples the note says why, in place of the table and its title.
+        self.query_one(GpuTable).display = self.query_one("#gpus-title").display = bool(result.gpus)
         if not result.gpus:
             self.say(result.gpu_note or "no GPU samples yet")
         self.query_one(RankTable).show(result)
