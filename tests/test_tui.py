@@ -1002,3 +1002,31 @@ def test_a_poll_interval_that_would_spin_or_never_draw_is_refused_by_both_entry_
         assert refused.value.code == 2 and "--poll" in capsys.readouterr().err
     proc = cli("tui", "--poll", "0", check=False)
     assert proc.returncode == 2 and "--poll" in proc.stdout + proc.stderr
+
+
+def test_a_single_value_is_drawn_flat_as_a_constant_series():
+    """A 1-hour window of a strategy that ran for seconds is one 10-s bin: Textual drew one value as full
+    bars, a peak above "0.00 GB/s" (a new user's trial), while a constant series is a flat line."""
+    from textual.app import App
+
+    from offloadlab_tui.reader import Series
+    from offloadlab_tui.widgets import MetricSpark
+
+    class OneMetric(App):
+        def compose(self):
+            yield MetricSpark("disk read")
+
+    async def scenario() -> dict[int, set[str]]:
+        app = OneMetric()
+        drawn = {}
+        async with app.run_test(size=(40, 6)) as pilot:
+            metric = app.query_one(MetricSpark)
+            for values in ([7.0], [7.0] * 3):
+                metric.show(Series(values, 7.0), lambda v: f"{v:.1f}", finished=True)
+                await pilot.pause()
+                console = Console(record=True, width=20, file=io.StringIO())
+                console.print(metric.spark.render())
+                drawn[len(values)] = set(console.export_text().strip())
+        return drawn
+
+    assert asyncio.run(scenario()) == {1: {"▁"}, 3: {"▁"}}

@@ -114,7 +114,9 @@ class MetricSpark(Vertical):
         now = time.monotonic()
         drawn_at, drawn_window_s = self._drawn
         if finished or not self.spark.data or window_s != drawn_window_s or now - drawn_at >= bar_s:
-            self.spark.data = series.values
+            # One value (a 1-h window of a 2-s strategy: one bin) is drawn flat, as a constant series is:
+            # Textual fills every bar for it, which read as a peak over "0.00 GB/s".
+            self.spark.data = series.values * 2 if len(series.values) == 1 else series.values
             self._drawn = (now, window_s)
         if not series.values or series.figure is None:
             show_content(self.value, absent)
