@@ -267,8 +267,10 @@ def test_report_has_a_chart_per_strategy_and_metric(swapping_run, tmp_path):
     assert refused.returncode == 2 and "is a file: pass a folder" in refused.stderr
     (tmp_path / "no-run").mkdir()  # not a run: refused before --png's folders are made
     refused = cli("report", str(tmp_path / "no-run"), "--png", str(tmp_path / "made" / "charts"), check=False)
-    assert refused.returncode == 2 and "not an offloadlab run directory" in refused.stderr
+    assert refused.returncode == 2 and "not an offloadlab run directory (pass a run's folder" in refused.stderr
     assert not (tmp_path / "made").exists()
+    refused = cli("compare", str(tmp_path / "missing"), check=False)  # a typo: said "holds no offloadlab.sqlite"
+    assert refused.returncode == 2 and "missing does not exist: pass a run's folder" in refused.stderr
     # compare's table with every column, statuses in words, the checkpoints verified
     for header in ("bound by", "of GPU/RAM", "comm/step", "SSD writes", "PCIe GB/s", "checkpoint"):
         assert header in page, header

@@ -251,7 +251,12 @@ def connect_read_only(run_dir: Path) -> sqlite3.Connection:
         if runs:
             shown = ", ".join(r.name for r in runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
             raise StoreError(f"{run_dir} is a folder of {len(runs)} runs ({shown}): pass one, e.g. {runs[0]}")
-        raise StoreError(f"{run_dir} holds no {DB_NAME}: not an offloadlab run directory")
+        if not Path(run_dir).exists():
+            raise StoreError(f"{run_dir} does not exist: pass a run's folder (`offloadlab run` prints it)")
+        raise StoreError(
+            f"{run_dir} holds no {DB_NAME}: not an offloadlab run directory (pass a run's folder, as `offloadlab "
+            "run` prints it)"
+        )
     if path.stat().st_size == 0:
         raise StoreError(f"{path} is empty: not an offloadlab run store")
     if application_id(path) not in (None, 0, APPLICATION_ID):
