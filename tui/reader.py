@@ -418,6 +418,7 @@ class FirstRead:
     def __init__(self, run_dir: Path, window_s: float = WINDOW_S):
         self.reader = RunReader(run_dir, window_s, threading.Event(), figures_first=True)
         self._result: RunView | ReaderError | None = None
+        self._ending, self._ended = threading.Lock(), False
         self._thread = threading.Thread(target=self._read, name="offloadlab-first-read", daemon=True)
         self._thread.start()
 
@@ -427,8 +428,10 @@ class FirstRead:
         except ReaderError as err:
             self._result = err
         finally:
-            if self.reader.stop.is_set():  # stopped while it read: no screen will take its store
-                self.reader.close()
+            with self._ending:
+                self._ended = True
+                if self.reader.stop.is_set():  # stopped while it read: no screen will take its store
+                    self.reader.close()
 
     def result(self) -> RunView:
         """Waits for the read; raises its ReaderError."""
@@ -440,10 +443,10 @@ class FirstRead:
     def stop(self) -> None:
         """Ends the read within a thousand SQLite steps and closes its store (the app quit, or showed
         another run, before a screen took it): here if the read has ended, else as it ends."""
-        self.reader.stop.set()
-        self._thread.join(timeout=0.05)  # one that was ending when stopped may have missed the stop
-        if not self._thread.is_alive():
-            self.reader.close()
+        with self._ending:  # the read's end and the stop, one at a time: one of them closes the store
+            self.reader.stop.set()
+            if self._ended:
+                self.reader.close()
 
 
 def read_run(run_dir: Path) -> RunView:

@@ -225,8 +225,16 @@ class DashboardScreen(PollingScreen):
         opened = self.query_one(CompareTable).cursor_name() if event.data_table.has_focus else None
         panel = next((p for p in self._panels() if p.strategy_name == opened and p.display), None)
         if panel is not None:
-            # Below the running strategy's panel it was off-screen at 80x24: it is scrolled to once laid out.
-            self.call_after_refresh(self.query_one("#panels").scroll_to_widget, panel, animate=False, top=True)
+            self._scroll_to(panel)
+
+    def _scroll_to(self, panel: StrategyPanel, tries: int = 20) -> None:
+        """Scrolls the panels to this one (below the running one's it was off-screen at 80x24), once it is
+        laid out: just shown, it has no place yet, and a scroll to it then went nowhere (for several
+        refreshes at times, so it is looked at again every 50 ms, for a second at most)."""
+        if not panel.region.area and tries:
+            self.set_timer(0.05, lambda: self._scroll_to(panel, tries - 1))
+        else:
+            self.query_one("#panels").scroll_to_widget(panel, animate=False, top=True)
 
     def on_descendant_focus(self) -> None:
         self._collapse()
