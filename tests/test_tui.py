@@ -1030,3 +1030,28 @@ def test_a_single_value_is_drawn_flat_as_a_constant_series():
         return drawn
 
     assert asyncio.run(scenario()) == {1: {"▁"}, 3: {"▁"}}
+
+
+def test_a_step_times_range_fits_a_quarter_of_80_columns():
+    """Steps of 20 s read "19.000 .. 21.000…", cut in the panel's 17-column cells at 80 columns."""
+    from textual.app import App
+
+    from offloadlab_tui.reader import Series
+    from offloadlab_tui.widgets import MetricSpark, step_seconds
+
+    class OneMetric(App):
+        def compose(self):
+            yield MetricSpark("step time")
+
+    async def scenario() -> list[str]:
+        app = OneMetric()
+        async with app.run_test(size=(40, 6)) as pilot:
+            metric, shown = app.query_one(MetricSpark), []
+            for values in ([19.0, 21.0], [0.205, 0.63]):
+                metric.show(Series(values, values[-1]), step_seconds, finished=False)
+                await pilot.pause()
+                shown.append(text_of(metric.range))
+        return shown
+
+    ranges = asyncio.run(scenario())
+    assert ranges == ["19.0 .. 21.0 s", "0.205 .. 0.630 s"] and all(len(r) <= 17 for r in ranges)

@@ -44,6 +44,11 @@ def _rate(bytes_per_s: float) -> str:
     return f"{bytes_per_s / 1e9:.2f} GB/s"
 
 
+def step_seconds(seconds: float) -> str:
+    """A step's time to a millisecond under 10 s, a tenth above: "19.000 .. 21.000 s" was cut at 80 columns."""
+    return f"{seconds:.3f} s" if seconds < 10 else f"{seconds:.1f} s"
+
+
 def hours_minutes(seconds: float) -> str:
     """h:mm, rounded up: an ETA of 20 s is "0:01", not "0:00"."""
     minutes = math.ceil(seconds / 60)
@@ -239,7 +244,7 @@ class StrategyPanel(Vertical):
         if 0 < view.stepped_s < view.window_s:  # a 6-hour window over 10 minutes of a run spreads those 10
             sampled = f"{duration(view.stepped_s)} in a {duration(view.window_s)} window"
         show_content(self.windows, Text(f"step series: the last {WINDOW_STEPS} steps · sampled: {sampled} (w)", "dim"))
-        self.metrics["step"].show(view.step_time_s, lambda v: f"{v:.3f} s", done)
+        self.metrics["step"].show(view.step_time_s, step_seconds, done)
         self.metrics["tps"].show(view.tokens_per_s, lambda v: f"{v:,.0f}", done)
         self.metrics["gpu"].show(view.gpu_allocated_bytes, human_bytes, done)
         window_s = view.window_s
