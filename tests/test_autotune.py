@@ -200,9 +200,10 @@ def test_autotune_measures_each_configuration_and_writes_the_fastest_exact_one(t
 @pytest.mark.slow
 def test_a_budget_that_runs_out_stops_the_trial_and_names_what_was_not_tried(tmp_path):
     """The budget counts from the command's start (the plan's probes take part of it): 5 s leaves a trial
-    started and not finished."""
+    started and not finished (of 2,000 steps: the default 6 of the tiny model fit in 5 s on a fast host)."""
     out = tmp_path / "tuned"
-    result = cli("autotune", str(_spec(tmp_path)), "--only", "fsdp2", "--budget", "5s", "--out", str(out), check=False)
+    args = ("--only", "fsdp2", "--budget", "5s", "--steps", "2000", "--out", str(out))
+    result = cli("autotune", str(_spec(tmp_path)), *args, check=False)
     assert result.returncode == 1
     text = flat(result.stdout + result.stderr)
     assert "stopped: the time budget ran out" in text
