@@ -398,8 +398,9 @@ def _fastest_without_offload(
             if theirs is None or not _same_workload(theirs, facts):
                 continue
             stored = _as_stored(store, row)  # one row, not a day of steps on every rank
-            tokens_per_s = stored.tokens_per_s if stored else None
-            if stored is None:  # a store written before stored figures: from its steps
+            if stored is not None:
+                tokens_per_s = stored.tokens_per_s
+            else:  # a store written before stored figures: from its steps
                 times = figures.StepTimes.of_steps(figures.steady_state(store.steps(row["id"])))
                 tokens_per_s = times.tokens_per_s if times else None
             if tokens_per_s and (best is None or tokens_per_s > best[0]):
