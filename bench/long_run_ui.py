@@ -223,8 +223,9 @@ row = store.strategies(store.run()["id"])[-1]
 steps = store.steps(row["id"], rank=0)
 writer = StrategyWriter(store, row["id"], row["name"], shape, steps[-1].t_end)
 writer.step, writer.sample_t = steps[-1].step, time.time()
-writer.figures.followed.update(store, False)
-writer.figures.stored_through = max(writer.figures.followed.telemetry, default=0)
+# As the sampler it stands for, it stores every step's figures once final: the steps a killed writer left
+# without them too (else a reader measures them from their samples, read from the first such step on).
+writer.figures.stored_through = max(store.step_telemetry(row["id"]), default=0)
 print("writing", flush=True)
 while True:  # until killed: a step, its events and a second of samples, every second
     time.sleep(1.0)

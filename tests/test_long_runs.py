@@ -15,10 +15,11 @@ import pytest
 from rich.console import Console
 
 from conftest import copy_store
+from offloadlab.results.figures import MODEL_FACTS_EVENT
 from offloadlab.results.report import write_report
 from offloadlab.results.rundir import DB_NAME, RunDir
 from offloadlab.results.status import Status
-from offloadlab.results.steps import FollowedStrategy, StepFigures
+from offloadlab.results.steps import TELEMETRY_NOTE, FollowedStrategy, StepFigures
 from offloadlab.results.store import RunStore, connect_read_only
 from offloadlab.results.summary import SummaryCache, store_figures, summarize
 from offloadlab_tui.reader import RunReader
@@ -325,6 +326,42 @@ def test_a_running_strategys_steps_are_read_from_their_stored_totals(tmp_path):
     assert summary.nvme_wait_seconds and summary.phase_seconds and summary.disk_read_bytes_per_step
     assert _same(summary, old_way, "the old way")
     assert work < 0.6 * work_old, (work, work_old)  # 797 and 1726 SQLite steps
+
+
+READ_INDEXES = ("steps_of_rank", "steps_by_step", "events_by_step")
+
+
+def test_a_running_strategys_first_read_seeks_its_events_of_no_step(tmp_path):
+    """A first read of a running strategy whose steps' totals are stored takes its events of no step (the
+    model's facts, the sampler's notes) by a seek, and rank 0's steps through an index of their own; not a
+    walk over every step's events and every rank's rows. A store written before those indexes gives the
+    same figures, the old way, at more work. A step's other events (a checkpoint's save) are not kept."""
+    shape = long_run_ui.Shape(("zero3-nvme",), hours=6.0, step_s=20.0, gpus=4, hz=0.2)
+    run_dir = long_run_ui.build(tmp_path, "live", shape, Console(quiet=True))  # its strategy left running
+    with contextlib.closing(RunStore(run_dir, writable=True)) as store:
+        strategy_id = store.strategies(store.run()["id"])[0]["id"]
+        store.add_events(strategy_id, 0, [(40, "checkpoint_save", 1.0, 2.0, "ckpt")])
+        store.add_events(strategy_id, None, [(None, TELEMETRY_NOTE, 1.0, None, "no NVML")])
+    lock = RunDir.at(run_dir).lock()
+    try:
+        with contextlib.closing(RunStore(run_dir)) as store:
+            (summary,) = summarize(store)
+            work = _work(store, summarize)
+            followed = FollowedStrategy(strategy_id)
+            followed.update(store, finished=False)
+        with sqlite3.connect(run_dir / DB_NAME) as conn:
+            stored = conn.execute("SELECT COUNT(*) FROM step_totals").fetchone()[0]
+            for index in READ_INDEXES:
+                conn.execute(f"DROP INDEX {index}")
+        with contextlib.closing(RunStore(run_dir)) as store:
+            (old_way,) = summarize(store)
+            work_old = _work(store, summarize)
+    finally:
+        os.close(lock)
+    assert summary.status is Status.RUNNING and stored == summary.steps_done - 1
+    assert sorted(followed.events) == sorted([MODEL_FACTS_EVENT, TELEMETRY_NOTE])
+    assert _same(summary, old_way, "the old way")
+    assert work < 0.6 * work_old, (work, work_old)  # 724 and 1489 SQLite steps
 
 
 def test_a_step_another_rank_had_not_written_as_the_sampler_ended_is_summed_by_its_readers(tmp_path):

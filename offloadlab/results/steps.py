@@ -6,7 +6,7 @@ import bisect
 import json
 import math
 import statistics
-from dataclasses import astuple, dataclass
+from typing import NamedTuple
 
 from offloadlab.results.figures import MODEL_FACTS_EVENT, ModelFacts
 from offloadlab.results.store import RunStore, StepRecord, StepTelemetry
@@ -77,9 +77,9 @@ SERIES = {
 }
 
 
-@dataclass(frozen=True)
-class AllRanks:
-    """One step's figures over every rank: bytes add up, peaks are the highest rank's."""
+class AllRanks(NamedTuple):
+    """One step's figures over every rank: bytes add up, peaks are the highest rank's. A tuple: a day's
+    read builds one per step (a frozen dataclass's init took 3 of a 24-hour store's 60 ms)."""
 
     disk_read_bytes: float
     disk_write_bytes: float
@@ -109,7 +109,8 @@ class FollowedStrategy:
         self.phases: dict[int, dict[str, float]] = {}
         """step -> seconds rank 0 spent in each of PHASES (a phase can repeat: one per micro-batch)."""
         self.events: dict[str, list] = {}
-        """Other events by kind (notes, the model's facts, checkpoints), in the order recorded."""
+        """Rank 0's and the sampler's events of no step by kind (the model's facts, the plan, the ranks'
+        processes, the sampler's notes), in the order recorded."""
         self._rows: dict[str, list[tuple]] = {key: [] for key in SERIES}
         self._last_sample_t: dict[str, float] = {key: -math.inf for key in SERIES}
         self._last_event_id = 0
@@ -169,15 +170,16 @@ class FollowedStrategy:
     def _read_totals(self, store: RunStore) -> None:
         """The steps the sampler stored totals of: their ranks' rows and rank 0's timings are not read."""
         rows = store.step_totals(self.strategy_id, after_step=self._totals_through)
-        for step, *columns in rows:
-            self.all_ranks[step] = AllRanks(*columns[:5])
-            phases = {name: s for name, s in zip(PHASES, columns[5:8]) if s is not None}
+        for row in rows:  # indexed, not unpacked: a day's read has 4k of them
+            step = row[0]
+            self.all_ranks[step] = AllRanks(*row[1:6])
+            phases = {name: s for name, s in zip(PHASES, row[6:9]) if s is not None}
             if phases:
                 self.phases[step] = phases
-            if columns[8] is not None:
-                self.comm[step] = (columns[8], columns[9])
-            if columns[10] is not None:
-                self.swap_wait[step] = dict(zip(SWAP_WAITS, columns[10:14]))
+            if row[9] is not None:
+                self.comm[step] = (row[9], row[10])
+            if row[11] is not None:
+                self.swap_wait[step] = dict(zip(SWAP_WAITS, row[11:15]))
         if rows:
             self._totals_through = self._complete_through = rows[-1][0]
 
@@ -205,7 +207,7 @@ class FollowedStrategy:
         phases, comm, waits = self.phases.get(step, {}), self.comm.get(step), self.swap_wait.get(step)
         return (
             step,
-            *astuple(self.all_ranks[step]),
+            *self.all_ranks[step],
             *(phases.get(name) for name in PHASES),
             *(comm or (None, None)),
             *((waits[name] for name in SWAP_WAITS) if waits else (None,) * len(SWAP_WAITS)),
@@ -217,7 +219,7 @@ class FollowedStrategy:
         up_to = store.last_event_id()
         after, self._last_event_id = self._last_event_id, up_to
         if after == 0 and self._totals_through:
-            after = self._read_untimed_events(store, up_to)
+            after = self._read_stepless_events(store, up_to)
         for step, kind, seconds in store.seconds_by_step(self.strategy_id, 0, PHASES, after, up_to):
             self._events_read += 1
             if step <= self._totals_through:
@@ -227,7 +229,8 @@ class FollowedStrategy:
         for e in store.events(self.strategy_id, after_id=after, rank=0, up_to_id=up_to, except_kinds=PHASES):
             self._events_read += 1
             if not e["kind"].startswith(COMM_EVENT_PREFIX) and e["kind"] != SWAP_EVENT:
-                self.events.setdefault(e["kind"], []).append(e)
+                if e["step"] is None:  # a step's other events (a checkpoint's save): nothing reads them
+                    self.events.setdefault(e["kind"], []).append(e)
                 continue
             if e["step"] <= self._totals_through:
                 continue  # as the phases above
@@ -242,15 +245,13 @@ class FollowedStrategy:
             nbytes, seconds = self.comm.get(e["step"], (0.0, 0.0))
             self.comm[e["step"]] = (nbytes + totals["bytes"], seconds + totals["seconds"])
 
-    def _read_untimed_events(self, store: RunStore, up_to: int) -> int:
-        """The first read where stored totals cover the first steps: the events before the first of a step
-        past them, but for the steps' timings (the totals hold them). Returns the last id so read."""
+    def _read_stepless_events(self, store: RunStore, up_to: int) -> int:
+        """The first read where stored totals cover the first steps: of the events before the first of a
+        step past them, those of no step (the totals hold the steps'; a seek in events_by_step, not a walk
+        over a day of them). Returns the last id so read."""
         first_untotalled = store.first_event_id_after_step(self.strategy_id, 0, self._totals_through)
         through = up_to if first_untotalled is None else first_untotalled - 1
-        timed = (*PHASES, SWAP_EVENT)
-        for e in store.events(
-            self.strategy_id, rank=0, up_to_id=through, except_kinds=timed, except_prefix=COMM_EVENT_PREFIX
-        ):
+        for e in store.events(self.strategy_id, rank=0, up_to_id=through, stepless=True):
             self._events_read += 1
             self.events.setdefault(e["kind"], []).append(e)
         return through
