@@ -604,10 +604,11 @@ def test_the_first_read_begins_with_the_app_and_the_series_follow_it(root, monke
         assert views[strategy.name].host_cpu_percent == whole[strategy.name].host_cpu_percent
 
 
-def test_q_during_the_first_read_stops_it(fixed_root, monkeypatch):
-    """The read begun with the app ends when the app quits: Python waits for its thread before the
-    process exits (here the read waits for its stop, as a long statement ends at its next step). Its store,
-    which no screen took, is closed."""
+@pytest.mark.parametrize("key", ["q", "ctrl+c"])
+def test_q_during_the_first_read_stops_it(fixed_root, monkeypatch, key):
+    """The read begun with the app ends when the app quits, by q or Ctrl-C (Textual's own Ctrl-C only says
+    to press q): Python waits for its thread before the process exits (here the read waits for its stop,
+    as a long statement ends at its next step). Its store, which no screen took, is closed."""
     from offloadlab_tui import reader
 
     stopped, closed = threading.Event(), threading.Event()
@@ -624,7 +625,7 @@ def test_q_during_the_first_read_stops_it(fixed_root, monkeypatch):
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause(0.2)
             start = time.monotonic()
-            await pilot.press("q")
+            await pilot.press(key)
         return time.monotonic() - start
 
     assert asyncio.run(scenario()) < 1.0 and stopped.is_set()

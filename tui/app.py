@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from textual.app import App
+from textual.binding import Binding
 
 from .processes import Job
 from .reader import FirstRead, find_runs
@@ -36,6 +37,9 @@ class OffloadlabApp(App):
         ("t", "switch_mode('tune')", "Tune"),
         ("r", "switch_mode('runs')", "Runs"),
         ("q", "quit", "Quit"),
+        # Textual's own Ctrl-C only says to press q; a monitor's users press it to leave (nvitop, btop quit).
+        # A prompt keeps it for copying: the focused widget's binding comes first.
+        Binding("ctrl+c", "quit", "Quit", show=False),
         ("question_mark", "help", "Keys"),
     ]
 

@@ -253,6 +253,9 @@ def runs_in(folder: Path) -> list[Path]:
     return [child for _, child in sorted(stamped, reverse=True)]
 
 
+PASS_A_RUN = "pass a run's folder (`offloadlab run` prints it)"
+
+
 def connect_read_only(run_dir: Path) -> sqlite3.Connection:
     path = Path(run_dir) / DB_NAME
     if not path.is_file():
@@ -261,15 +264,12 @@ def connect_read_only(run_dir: Path) -> sqlite3.Connection:
             shown = ", ".join(r.name for r in runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
             raise StoreError(f"{run_dir} is a folder of {len(runs)} runs ({shown}): pass one, e.g. {runs[0]}")
         if not Path(run_dir).exists():
-            raise StoreError(f"{run_dir} does not exist: pass a run's folder (`offloadlab run` prints it)")
-        raise StoreError(
-            f"{run_dir} holds no {DB_NAME}: not an offloadlab run directory (pass a run's folder, as `offloadlab "
-            "run` prints it)"
-        )
+            raise StoreError(f"{run_dir} does not exist: {PASS_A_RUN}")
+        raise StoreError(f"{run_dir} holds no {DB_NAME}: not an offloadlab run directory ({PASS_A_RUN})")
     if path.stat().st_size == 0:
-        raise StoreError(f"{path} is empty: not an offloadlab run store")
+        raise StoreError(f"{path} is empty: not an offloadlab run store ({PASS_A_RUN})")
     if application_id(path) not in (None, 0, APPLICATION_ID):
-        raise StoreError(f"{path} is another program's database, not an offloadlab run store")
+        raise StoreError(f"{path} is another program's database, not an offloadlab run store ({PASS_A_RUN})")
     try:
         # Any thread may read through it, one at a time: the TUI keeps a store open between polls, and each
         # poll reads in a worker thread of its own.
@@ -283,11 +283,12 @@ def connect_read_only(run_dir: Path) -> sqlite3.Connection:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.DatabaseError as err:
         raise StoreError(
-            f"{path} is not a readable SQLite database ({err}): corrupt, truncated or not a run store"
+            f"{path} is not a readable SQLite database ({err}): corrupt, truncated or not a run store. A copy: "
+            f"copy it again with the {DB_NAME}-wal beside it; else run the spec again"
         ) from None
     if not {"runs", "strategies"} <= tables:
         conn.close()
-        raise StoreError(f"{path} is another program's database, not an offloadlab run store")
+        raise StoreError(f"{path} is another program's database, not an offloadlab run store ({PASS_A_RUN})")
     conn.execute("PRAGMA busy_timeout=30000")
     conn.row_factory = sqlite3.Row
     return conn
