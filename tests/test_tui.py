@@ -29,6 +29,7 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from conftest import cli, copy_store, h200_budget_run_with_its_plan, wait_for_worker
 from offloadlab.results.rundir import RunDir
+from offloadlab.results.status import Status
 from offloadlab.results.steps import SWAP_EVENT
 from offloadlab.results.store import DB_NAME, RunStore, StepRecord, TunePoint
 from offloadlab.results.summary import summarize
@@ -826,6 +827,22 @@ def test_the_gpus_and_ranks_view_shows_each_gpus_newest_sample_and_each_rank_as_
     asyncio.run(scenario())
 
 
+def test_the_gpus_view_names_a_strategy_whose_run_process_went_failed(tmp_path):
+    """As the dashboard and compare do: a strategy that says running in a run no process holds (killed)
+    failed. The GPUs screen's title said "fsdp2 (running)" beside a dashboard that said it failed."""
+    from offloadlab_tui.ranks import RanksReader
+
+    _fixed_run(tmp_path)
+    dead = RanksReader(tmp_path / "demo").read()
+    lock = RunDir.at(tmp_path / "demo").lock()
+    try:
+        live = RanksReader(tmp_path / "demo").read()
+    finally:
+        os.close(lock)
+    assert dead.strategy == live.strategy == "fsdp2"
+    assert dead.status is Status.FAILED and live.status is Status.RUNNING
+
+
 def test_a_status_this_version_does_not_write_reads_as_unknown(tmp_path):
     """A store with status 'bogus' (a newer version's, or hand-edited) crashed compare, report and the TUI at
     start with "ValueError: 'bogus' is not a valid Status"."""
@@ -860,7 +877,6 @@ def test_a_status_this_version_does_not_write_reads_as_unknown(tmp_path):
 def test_a_verify_after_the_last_step_is_shown_and_an_interrupted_one_is_not_counted_finished(tmp_path, world1):
     """At a billion parameters the checkpoint's verify takes minutes after the last step: the panel read
     "step 4 of 4, ETA 0:00" all that time. Once its run died, the strategy it stopped counted as finished."""
-    from offloadlab.results.status import Status
 
     run_dir = copy_store(world1, tmp_path / "runs" / "verifying")
     store = RunStore(run_dir, writable=True)

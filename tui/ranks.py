@@ -17,6 +17,7 @@ from offloadlab.results.figures import MODEL_FACTS_EVENT, RANK_PROCESS_EVENT, Mo
 from offloadlab.results.status import Status
 from offloadlab.results.steps import TELEMETRY_NOTE
 from offloadlab.results.store import RunStore
+from offloadlab.results.summary import status_of
 
 from .reader import read_store
 
@@ -73,13 +74,14 @@ class RanksReader:
         if not started:
             return None
         row = next((r for r in started if Status(r["status"]) is Status.RUNNING), started[-1])
+        status, _ = status_of(row, store.run_status() is Status.INTERRUPTED)  # as the dashboard shows it
         # The sampler's (of no rank): a query by kind over every rank's events read a day of them each poll.
         notes = [e["detail"] for e in store.events_of_rank(row["id"], TELEMETRY_NOTE, None)]
         gpu_note = next((n for n in notes if n.startswith("GPU fields absent")), None)
         return RanksView(
             self.run_dir,
             row["name"],
-            Status(row["status"]),
+            status,
             _gpus(store, row["id"]),
             self._ranks(store, row["id"]),
             gpu_note,

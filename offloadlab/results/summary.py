@@ -299,9 +299,7 @@ def summarize(store: RunStore, cache: SummaryCache | None = None) -> list[Strate
     died = store.run_status() is Status.INTERRUPTED
     out, offloads = [], {}
     for row in store.strategies(run["id"]):
-        status, reason = Status(row["status"]), row["reason"]
-        if died and status.unfinished:
-            status, reason = Status.FAILED, f"{Status.INTERRUPTED}: {DIED_REASON}"
+        status, reason = status_of(row, died)
         strategy = strategy_from_store(json.loads(row["config_json"]))
         summary = _stored_summary(store, row, cache) if status.finished else None
         if summary is None:
@@ -316,6 +314,15 @@ def summarize(store: RunStore, cache: SummaryCache | None = None) -> list[Strate
             facts = _first_model_facts(store, run["id"])
             cache.stored_baseline = (stored_baseline(store, facts),) if facts else None
     return _against_each_other(out, offloads, cache.stored_baseline[0] if cache.stored_baseline else None)
+
+
+def status_of(row: sqlite3.Row, run_died: bool) -> tuple[Status, str | None]:
+    """A strategy's status and reason as readers show them: one a run left unfinished when its process
+    went (run_status() INTERRUPTED) failed, it does not run or wait."""
+    status = Status(row["status"])
+    if run_died and status.unfinished:
+        return Status.FAILED, f"{Status.INTERRUPTED}: {DIED_REASON}"
+    return status, row["reason"]
 
 
 def store_figures(store: RunStore, strategy_id: int) -> None:
