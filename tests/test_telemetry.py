@@ -271,6 +271,8 @@ def test_report_has_a_chart_per_strategy_and_metric(swapping_run, tmp_path):
     assert not (tmp_path / "made").exists()
     refused = cli("compare", str(tmp_path / "missing"), check=False)  # a typo: said "holds no offloadlab.sqlite"
     assert refused.returncode == 2 and "missing does not exist: pass a run's folder" in refused.stderr
+    refused = cli("compare", str(swapping_run / DB_NAME), check=False)  # said "... holds no offloadlab.sqlite"
+    assert refused.returncode == 2 and f"is a file: pass the run's folder, {swapping_run}" in refused.stderr
     # compare's table with every column, statuses in words, the checkpoints verified
     for header in ("bound by", "of GPU/RAM", "comm/step", "SSD writes", "PCIe GB/s", "checkpoint"):
         assert header in page, header

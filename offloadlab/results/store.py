@@ -265,6 +265,9 @@ def connect_read_only(run_dir: Path) -> sqlite3.Connection:
             raise StoreError(f"{run_dir} is a folder of {len(runs)} runs ({shown}): pass one, e.g. {runs[0]}")
         if not Path(run_dir).exists():
             raise StoreError(f"{run_dir} does not exist: {PASS_A_RUN}")
+        if Path(run_dir).is_file():  # the store itself, often: its folder is the run
+            fix = f"pass the run's folder, {Path(run_dir).parent}" if Path(run_dir).name == DB_NAME else PASS_A_RUN
+            raise StoreError(f"{run_dir} is a file: {fix}")
         raise StoreError(f"{run_dir} holds no {DB_NAME}: not an offloadlab run directory ({PASS_A_RUN})")
     if path.stat().st_size == 0:
         raise StoreError(f"{path} is empty: not an offloadlab run store ({PASS_A_RUN})")
