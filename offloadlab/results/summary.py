@@ -317,8 +317,8 @@ def summarize(store: RunStore, cache: SummaryCache | None = None) -> list[Strate
 
 
 def status_of(row: sqlite3.Row, run_died: bool) -> tuple[Status, str | None]:
-    """A strategy's status and reason as readers show them: one a run left unfinished when its process
-    went (run_status() INTERRUPTED) failed, it does not run or wait."""
+    """A strategy's status and reason as readers show them: one left running or pending by a run whose
+    process went (run_status() INTERRUPTED) reads failed, not running or waiting."""
     status = Status(row["status"])
     if run_died and status.unfinished:
         return Status.FAILED, f"{Status.INTERRUPTED}: {DIED_REASON}"
